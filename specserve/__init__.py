@@ -1,0 +1,7 @@
+"""specserve: an LLM serving engine that speculates only when it pays."""
+
+from specserve.llm import LLM
+from specserve.outputs import CompletionOutput, RequestOutput
+from specserve.sampling_params import SamplingParams
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]

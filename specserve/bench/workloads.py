@@ -1,0 +1,97 @@
+"""Benchmark workloads: chat prompts with an expected output length.
+
+Each workload is a JSON Lines file in ``workloads/`` next to this module. A line is
+``{"id": ..., "messages": [...], "max_tokens": N}``. The ``rag`` workload is the exception: its
+lines hold only a ``question``, and every prompt is built from one shared document
+(``rag_document.md``) placed first, so all rag prompts share a long common prefix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+WORKLOAD_NAMES = ("prose", "json", "sql", "rag", "chat-1")
+WORKLOAD_DIR = Path(__file__).with_name("workloads")
+RAG_DOCUMENT_FILE = "rag_document.md"
+VALID_ROLES = frozenset({"system", "user", "assistant"})
+MAX_TOKENS_LIMIT = 1024
+
+
+@dataclass(frozen=True)
+class WorkloadItem:
+    id: str
+    messages: list[dict]
+    max_tokens: int
+
+
+@cache
+def rag_document() -> str:
+    """The shared document that every rag prompt starts with."""
+    return (WORKLOAD_DIR / RAG_DOCUMENT_FILE).read_text(encoding="utf-8").strip()
+
+
+def rag_prefix() -> str:
+    """The text that every rag prompt's user message begins with."""
+    return (
+        "Answer the question using only the document below.\n\n<document>\n"
+        + rag_document()
+        + "\n</document>\n\nQuestion: "
+    )
+
+
+def _item_from_record(name: str, record: dict) -> WorkloadItem:
+    if name == "rag":
+        content = rag_prefix() + record["question"]
+        messages = [{"role": "user", "content": content}]
+    else:
+        messages = record["messages"]
+    return WorkloadItem(id=record["id"], messages=messages, max_tokens=record["max_tokens"])
+
+
+def load_workload(name: str) -> list[WorkloadItem]:
+    """Load, build and validate the named workload."""
+    if name not in WORKLOAD_NAMES:
+        raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOAD_NAMES)}")
+    path = WORKLOAD_DIR / f"{name}.jsonl"
+    items = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            items.append(_item_from_record(name, json.loads(line)))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path.name}:{lineno}: malformed workload line: {exc}") from exc
+    validate_workload(items)
+    return items
+
+
+def validate_workload(items: list[WorkloadItem]) -> None:
+    """Raise ValueError if ids repeat or any item has bad messages or max_tokens."""
+    if not items:
+        raise ValueError("workload is empty")
+    seen: set[str] = set()
+    for item in items:
+        if not isinstance(item.id, str) or not item.id:
+            raise ValueError(f"item id must be a non-empty string, got {item.id!r}")
+        if item.id in seen:
+            raise ValueError(f"duplicate item id {item.id!r}")
+        seen.add(item.id)
+        if not isinstance(item.messages, list) or not item.messages:
+            raise ValueError(f"{item.id}: messages must be a non-empty list")
+        for i, msg in enumerate(item.messages):
+            if not isinstance(msg, dict) or msg.get("role") not in VALID_ROLES:
+                roles = ", ".join(sorted(VALID_ROLES))
+                raise ValueError(f"{item.id}: message {i} role must be one of {roles}")
+            content = msg.get("content")
+            if not isinstance(content, str) or not content.strip():
+                raise ValueError(f"{item.id}: message {i} has empty or non-string content")
+        if item.messages[-1]["role"] != "user":
+            raise ValueError(f"{item.id}: last message must come from the user")
+        tokens = item.max_tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int):
+            raise ValueError(f"{item.id}: max_tokens must be an integer, got {tokens!r}")
+        if not 1 <= tokens <= MAX_TOKENS_LIMIT:
+            raise ValueError(f"{item.id}: max_tokens {tokens} not in 1..{MAX_TOKENS_LIMIT}")

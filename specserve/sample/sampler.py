@@ -1,0 +1,72 @@
+"""Token sampling as pure tensor functions: greedy, temperature, top-k, top-p, per-request seeds.
+
+Random sampling uses the exponential-race trick, argmax(probs / Exp(1)) (as gpt-fast and vLLM do):
+it needs no host sync and no cumulative sums. A seeded request draws its noise from its own
+generator, so its tokens do not depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
+                      top_p: torch.Tensor | None) -> torch.Tensor:
+    """logits: [n, vocab]; top_k: [n] int (0 = off); top_p: [n] float (1 = off).
+    Returns logits with the excluded tokens set to -inf."""
+    if top_k is None and top_p is None:
+        return logits
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)  # [n, vocab]
+    vocab = logits.shape[-1]
+    remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+        remove |= torch.arange(vocab).unsqueeze(0) >= k.unsqueeze(1)
+    if top_p is not None:
+        probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
+        # Drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token).
+        mass_before = probs.cumsum(dim=-1) - probs
+        remove |= mass_before >= top_p.unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
+
+
+def compute_probs(logits: torch.Tensor, temperature: torch.Tensor,
+                  top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """The target distribution a random request samples from: [n, vocab] fp32 probabilities.
+    temperature: [n] (> 0). The same function feeds the rejection sampler, so speculative and
+    plain sampling agree on what "the target's distribution" is."""
+    logits = logits / temperature.unsqueeze(1)
+    return apply_top_k_top_p(logits, top_k, top_p).softmax(dim=-1)
+
+
+def exponential_noise(shape: tuple[int, int], generators: list[torch.Generator | None]
+                      ) -> torch.Tensor:
+    """[n, vocab] Exp(1) noise; row i from generators[i] when it is set."""
+    q = torch.empty(shape).exponential_()
+    for i, g in enumerate(generators):
+        if g is not None:
+            q[i].exponential_(generator=g)
+    return q
+
+
+def sample_from_probs(probs: torch.Tensor, generators: list[torch.Generator | None]
+                      ) -> torch.Tensor:
+    """[n, vocab] -> [n] token ids, one draw per row."""
+    return (probs / exponential_noise(tuple(probs.shape), generators)).argmax(dim=-1)
+
+
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+           top_p: torch.Tensor | None, generators: list[torch.Generator | None]) -> torch.Tensor:
+    """logits: [n, vocab] fp32 -> [n] sampled token ids. Rows with temperature 0 are greedy;
+    only the random rows pay for the softmax, the filters and the noise."""
+    tokens = logits.argmax(dim=-1)
+    is_random = temperature >= 1e-5
+    if not bool(is_random.any()):
+        return tokens
+    rows = is_random.nonzero().squeeze(1)
+    probs = compute_probs(logits[rows], temperature[rows],
+                          None if top_k is None else top_k[rows],
+                          None if top_p is None else top_p[rows])
+    gens = [generators[i] for i in rows.tolist()]
+    return tokens.index_copy_(0, rows, sample_from_probs(probs, gens))
