@@ -142,3 +142,10 @@ class BlockManager:
                 self.free_queue[block_id] = None
                 self.free_queue.move_to_end(block_id, last=False)
         del req.block_hashes[num_tokens // self.block_size:]
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block that no request holds (benchmarks measure cold prefills)."""
+        for block_id in self.free_queue:
+            block = self.blocks[block_id]
+            block.block_hash = block.token_ids = None
+        self.cached = {h: b for h, b in self.cached.items() if self.blocks[b].ref_count > 0}

@@ -35,6 +35,7 @@ class ModelRunner:
         self.model = model
         self.cfg = cfg
         self.block_size = cache_cfg.block_size
+        self.dtype = next(model.parameters()).dtype
         self.num_blocks = num_blocks
         num_slots = num_blocks * self.block_size
         shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
@@ -76,7 +77,7 @@ class ModelRunner:
             num_seqs=num_seqs, max_query_len=max_q, max_context_len=max_ctx,
             num_tokens=int(q_lens.sum()), query_gather=query_gather, query_scatter=query_scatter,
             kv_gather=torch.from_numpy(slots.reshape(-1)),
-            attn_mask=torch.from_numpy(mask[:, None]),
+            attn_bias=torch.from_numpy(np.where(mask, 0.0, -np.inf)).to(self.dtype),
         )
 
     def prepare(self, scheduled: list[tuple[Request, int]]) -> StepInputs:

@@ -8,7 +8,8 @@ inside a layer, and no concatenation of per-sequence caches.
 
 Sequences are split into at most two groups so that padding stays cheap: short queries (decodes
 and speculative verification, a few tokens each) and long ones (prefill chunks). Each group is
-padded to its longest query and longest context.
+padded to its longest query and longest context. (A fused kernel that reads the blocks in
+place would save the gather's extra pass over K/V; see docs/performance.md.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 
 @dataclass(slots=True)
@@ -30,7 +30,7 @@ class AttnGroup:
     # [num_tokens] padded position of each real token (None: no padding)
     query_scatter: torch.Tensor | None
     kv_gather: torch.Tensor  # [num_seqs * max_context_len] cache slot of each context position
-    attn_mask: torch.Tensor  # [num_seqs, 1, max_query_len, max_context_len] bool, True = attend
+    attn_bias: torch.Tensor  # [num_seqs, max_query_len, max_context_len]: 0 attend, -inf not
 
 
 @dataclass(slots=True)
@@ -51,7 +51,6 @@ def paged_attention(
     # The new tokens' K/V go into the pool first, so a query sees itself and its own chunk.
     k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
     v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
-    num_heads, head_dim = q.shape[1], q.shape[2]
     outs = []
     start = 0
     for g in meta.groups:
@@ -59,15 +58,32 @@ def paged_attention(
         start += g.num_tokens
         if g.query_gather is not None:
             qg = qg.index_select(0, g.query_gather)
-        # [num_seqs, num_heads, max_query_len, head_dim]
-        qg = qg.view(g.num_seqs, g.max_query_len, num_heads, head_dim).transpose(1, 2)
-        kv_shape = (g.num_seqs, g.max_context_len, k_cache.shape[1], head_dim)
-        kg = k_cache.index_select(0, g.kv_gather).view(kv_shape).transpose(1, 2).to(q.dtype)
-        vg = v_cache.index_select(0, g.kv_gather).view(kv_shape).transpose(1, 2).to(q.dtype)
-        out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.attn_mask, scale=scale,
-                                             enable_gqa=True)
-        out = out.transpose(1, 2).reshape(g.num_seqs * g.max_query_len, num_heads * head_dim)
+        out = _gather_attention(qg, k_cache, v_cache, g, scale)
         if g.query_scatter is not None:
             out = out.index_select(0, g.query_scatter)
         outs.append(out)
     return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _gather_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      g: AttnGroup, scale: float) -> torch.Tensor:
+    """Gather each sequence's K/V through its block table, then two batched matmuls per group.
+    q: [num_seqs * max_query_len, num_heads, head_dim] -> [same, num_heads * head_dim].
+    (The CPU SDPA kernel is ~10x slower than this for short queries, measured.)"""
+    b, nq, c = g.num_seqs, g.max_query_len, g.max_context_len
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    kvh = k_cache.shape[1]
+    grp = num_heads // kvh  # query heads per KV head (GQA); head h reads KV head h // grp
+    # [b * kvh, c, head_dim]
+    k = k_cache.index_select(0, g.kv_gather).view(b, c, kvh, head_dim).transpose(1, 2)
+    k = k.reshape(b * kvh, c, head_dim).to(q.dtype)
+    v = v_cache.index_select(0, g.kv_gather).view(b, c, kvh, head_dim).transpose(1, 2)
+    v = v.reshape(b * kvh, c, head_dim).to(q.dtype)
+    # [b * kvh, grp * nq, head_dim]
+    qh = q.view(b, nq, kvh, grp, head_dim).permute(0, 2, 3, 1, 4).reshape(b * kvh, grp * nq,
+                                                                             head_dim)
+    scores = torch.bmm(qh, k.transpose(1, 2)).mul_(scale).view(b, kvh, grp, nq, c)
+    scores.add_(g.attn_bias.view(b, 1, 1, nq, c))  # 0 where allowed, -inf where masked
+    probs = scores.softmax(dim=-1).view(b * kvh, grp * nq, c)
+    out = torch.bmm(probs, v).view(b, kvh, grp, nq, head_dim)
+    return out.permute(0, 3, 1, 2, 4).reshape(b * nq, num_heads * head_dim)

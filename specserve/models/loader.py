@@ -133,7 +133,7 @@ def load_gguf(path: str, name: str) -> LoadedModel:
 
     def dense(n: str) -> np.ndarray:
         t = tensors[n]
-        w = gguf.quants.dequantize(t.data, t.tensor_type)
+        w = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)  # a copy
         return w.reshape([int(d) for d in reversed(t.shape)]) if w.ndim == 1 and len(t.shape) > 1 \
             else w
 
@@ -143,10 +143,10 @@ def load_gguf(path: str, name: str) -> LoadedModel:
     sd: dict[str, torch.Tensor] = {}
     raw_q: dict[str, tuple[np.ndarray, str]] = {}
     t32 = torch.from_numpy
-    sd["embed_tokens.weight"] = t32(dense("token_embd.weight").astype(np.float32))
-    sd["norm.weight"] = t32(dense("output_norm.weight").astype(np.float32))
+    sd["embed_tokens.weight"] = t32(dense("token_embd.weight"))
+    sd["norm.weight"] = t32(dense("output_norm.weight"))
     if not cfg.tie_word_embeddings:
-        sd["lm_head.weight"] = t32(dense("output.weight").astype(np.float32))
+        sd["lm_head.weight"] = t32(dense("output.weight"))
     for i in range(cfg.num_layers):
         b, p = f"blk.{i}.", f"layers.{i}."
         sd[p + "input_norm.weight"] = t32(dense(b + "attn_norm.weight"))
@@ -154,17 +154,17 @@ def load_gguf(path: str, name: str) -> LoadedModel:
         q, k, v = (dense(b + f"attn_{x}.weight") for x in "qkv")
         if q_idx is not None:
             q, k = q[q_idx], k[k_idx]
-        sd[p + "attn.qkv_proj.weight"] = t32(np.concatenate([q, k, v]).astype(np.float32))
+        sd[p + "attn.qkv_proj.weight"] = t32(np.concatenate([q, k, v]))
         if cfg.attention_bias:
             qb, kb, vb = (dense(b + f"attn_{x}.bias") for x in "qkv")
             if q_idx is not None:
                 qb, kb = qb[q_idx], kb[k_idx]
-            sd[p + "attn.qkv_proj.bias"] = t32(np.concatenate([qb, kb, vb]).astype(np.float32))
-        sd[p + "attn.o_proj.weight"] = t32(dense(b + "attn_output.weight").astype(np.float32))
+            sd[p + "attn.qkv_proj.bias"] = t32(np.concatenate([qb, kb, vb]))
+        sd[p + "attn.o_proj.weight"] = t32(dense(b + "attn_output.weight"))
         sd[p + "mlp.gate_up_proj.weight"] = t32(
             np.concatenate([dense(b + "ffn_gate.weight"), dense(b + "ffn_up.weight")])
-            .astype(np.float32))
-        sd[p + "mlp.down_proj.weight"] = t32(dense(b + "ffn_down.weight").astype(np.float32))
+            )
+        sd[p + "mlp.down_proj.weight"] = t32(dense(b + "ffn_down.weight"))
         # Raw quantized rows, fused and permuted the same way (quantization is per row).
         (rq, tq), (rk, tk), (rv, tv) = (raw(b + f"attn_{x}.weight") for x in "qkv")
         if len({tq, tk, tv}) == 1:

@@ -1,0 +1,130 @@
+"""`specserve bench offline`: throughput and latency of the engine in-process, per concurrency.
+
+Each concurrency level runs one wave of `concurrency` requests submitted together, each with
+`input_len` prompt tokens (real text from the prose workload, cut to length) and exactly
+`output_len` generated tokens (EOS ignored), as vLLM's offline throughput benchmark does.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from specserve.bench.workloads import load_workload
+from specserve.llm import LLM
+from specserve.sampling_params import SamplingParams
+
+
+@dataclass
+class BenchResult:
+    system: str
+    concurrency: int
+    output_tok_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    wall_s: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def make_prompts(tokenizer, num: int, input_len: int) -> list[list[int]]:
+    """num distinct prompts of exactly input_len tokens, from the prose workload's text."""
+    texts = [m["content"] for item in load_workload("prose") for m in item.messages]
+    prompts = []
+    for i in range(num):
+        ids: list[int] = []
+        j = i
+        while len(ids) < input_len:
+            ids += tokenizer(texts[j % len(texts)] + "\n", add_special_tokens=False).input_ids
+            j += 7
+        prompts.append(ids[:input_len])
+    return prompts
+
+
+def bench_engine(llm: LLM, prompts: list[list[int]], output_len: int) -> BenchResult:
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    wall = time.perf_counter() - t0
+    ttft = [o.metrics.ttft * 1e3 for o in outs]
+    tpot = [(o.metrics.finished_time - o.metrics.first_token_time) * 1e3 / max(output_len - 1, 1)
+            for o in outs]
+    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
+    return BenchResult("specserve", len(prompts), n_out / wall, percentile(ttft, 50),
+                       percentile(ttft, 99), percentile(tpot, 50), percentile(tpot, 99), wall)
+
+
+def bench_hf(model, prompts: list[list[int]], output_len: int) -> BenchResult:
+    """Hugging Face `generate` with static batching (all prompts have the same length, so no
+    padding is involved). TTFT is the time of a 1-token generate on the same batch."""
+    ids = torch.tensor(prompts)
+    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+        ttft = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, **kw)
+        wall = time.perf_counter() - t0
+    n_out = (out.shape[1] - ids.shape[1]) * ids.shape[0]
+    tpot = (wall - ttft) * 1e3 / max(output_len - 1, 1)
+    return BenchResult("hf-generate", len(prompts), n_out / wall, ttft * 1e3, ttft * 1e3, tpot,
+                       tpot, wall)
+
+
+def load_hf_model(dtype: torch.dtype):
+    """transformers' own GGUF loader, for the side-by-side baseline (needs `accelerate`)."""
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    from specserve.models.loader import embedded_model_path
+
+    path = embedded_model_path()
+    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
+                                                gguf_file=os.path.basename(path), dtype=dtype)
+
+
+def run_offline(llm: LLM, concurrencies: list[int], input_len: int, output_len: int,
+                compare_hf: bool = False) -> list[BenchResult]:
+    prompts = make_prompts(llm.get_tokenizer(), max(concurrencies), input_len)
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    # Prefix caching would let later waves skip their prefills; measure cold prefills.
+    results = []
+    hf = load_hf_model(llm.engine.dtype) if compare_hf else None
+    for c in concurrencies:
+        llm.engine.block_manager.reset_prefix_cache()
+        results.append(bench_engine(llm, prompts[:c], output_len))
+        if hf is not None:
+            results.append(bench_hf(hf, prompts[:c], output_len))
+    return results
+
+
+def format_table(results: list[BenchResult]) -> str:
+    head = f"{'system':<12} {'conc':>5} {'out tok/s':>10} {'TTFT p50':>9} {'TTFT p99':>9} " \
+           f"{'TPOT p50':>9} {'TPOT p99':>9}"
+    rows = [head, "-" * len(head)]
+    for r in results:
+        rows.append(f"{r.system:<12} {r.concurrency:>5} {r.output_tok_s:>10.1f} "
+                    f"{r.ttft_p50_ms:>7.1f}ms {r.ttft_p99_ms:>7.1f}ms {r.tpot_p50_ms:>7.2f}ms "
+                    f"{r.tpot_p99_ms:>7.2f}ms")
+    return "\n".join(rows)
+
+
+def summarize(values: list[float]) -> str:
+    return f"{statistics.median(values):.1f}"

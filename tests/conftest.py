@@ -1,0 +1,48 @@
+"""Shared fixtures. The real embedded model is loaded once per session (fp32, so that greedy
+output can be compared token for token with Hugging Face transformers)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# Varied prompts: prose, code, lists, chat-formatted, non-English, numbers.
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+    "Write a haiku about the sea.",
+    "1, 2, 3, 4,",
+    "<|im_start|>user\nWhat is the boiling point of water?<|im_end|>\n<|im_start|>assistant\n",
+    "La recette de la tarte aux pommes commence par",
+    '{"name": "Alice", "age": 30, "city":',
+    "SELECT name FROM users WHERE",
+]
+
+
+@pytest.fixture(scope="session")
+def llm():
+    from specserve import LLM
+
+    return LLM(dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def hf_model():
+    pytest.importorskip("accelerate")
+    from specserve.bench.offline import load_hf_model
+
+    return load_hf_model(torch.float32).eval()
+
+
+def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    ids = torch.tensor([prompt_ids])
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, ids.shape[1]:].tolist()

@@ -1,0 +1,142 @@
+"""End-to-end engine behaviour on the real model: prefix caching, preemption, aborts, seeds,
+stop conditions, bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from specserve import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+
+def _long_prefix(llm, n_tokens: int) -> list[int]:
+    tok = llm.get_tokenizer()
+    text = " ".join(f"Section {i}: the committee reviewed budget line {i * 7}." for i in range(200))
+    return tok(text, add_special_tokens=False).input_ids[:n_tokens]
+
+
+def test_prefix_cache_computes_only_new_blocks(llm):
+    bm = llm.engine.block_manager
+    prefix = _long_prefix(llm, 640)
+    tail_a, tail_b = [264, 1345, 30], [1094, 2988, 314, 42]
+    llm.generate([prefix + tail_a], GREEDY)
+    queries, hits = bm.num_prefix_queries, bm.num_prefix_hits
+    computed_before = llm.engine.stats.num_prompt_tokens
+    out = llm.generate([prefix + tail_b], GREEDY)[0]
+    hit = bm.num_prefix_hits - hits
+    assert bm.num_prefix_queries - queries == len(prefix) + len(tail_b)
+    assert hit == (len(prefix) // bm.block_size) * bm.block_size >= 512
+    assert out.metrics.num_cached_tokens == hit
+    # Only the uncached tail was computed.
+    assert llm.engine.stats.num_prompt_tokens - computed_before == len(prefix) + len(tail_b) - hit
+    uncached = LLM(dtype="float32", enable_prefix_caching=False, kv_cache_memory=64 << 20)
+    assert uncached.generate([prefix + tail_b], GREEDY)[0].outputs[0].token_ids == \
+        out.outputs[0].token_ids
+
+
+def test_preemption_with_a_quarter_of_the_needed_pool(llm):
+    tok = llm.get_tokenizer()
+    prompts = [tok(f"Story {i}: once upon a time in village number {i}, there lived",
+                   add_special_tokens=False).input_ids for i in range(16)]
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    reference = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    bs = 16
+    needed = sum(-(-(len(p) + 48) // bs) for p in prompts)
+    small = LLM(dtype="float32", num_blocks=needed // 4, block_size=bs)
+    outs = small.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == reference
+    stats = small.get_stats()
+    assert stats["num_preemptions"] > 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    # Aborts in the middle of a preempting run also give every block back.
+    engine = small.engine
+    ids = [engine.add_request(p, params).request_id for p in prompts]
+    for _ in range(12):
+        engine.step()
+    for rid in ids[::2]:
+        engine.abort_request(rid)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_seeded_sampling_is_batch_independent(llm):
+    tok = llm.get_tokenizer()
+    prompt = tok("Tell me a story about a dragon.", add_special_tokens=False).input_ids
+    params = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=1234, max_tokens=32,
+                            ignore_eos=True)
+    alone = llm.generate([prompt], params)[0].outputs[0].token_ids
+    others = [tok(f"Other prompt {i}", add_special_tokens=False).input_ids for i in range(7)]
+    mixed_params = [SamplingParams(temperature=1.0, max_tokens=20 + i, ignore_eos=True,
+                                   seed=None if i % 2 else i) for i in range(7)]
+    outs = llm.generate(others[:3] + [prompt] + others[3:], mixed_params[:3] + [params]
+                        + mixed_params[3:])
+    assert outs[3].outputs[0].token_ids == alone
+    different = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, seed=99, max_tokens=32,
+                               ignore_eos=True)
+    assert llm.generate([prompt], different)[0].outputs[0].token_ids != alone
+
+
+def test_stop_strings_stop_tokens_eos_and_logprobs(llm):
+    out = llm.generate(["1, 2, 3, 4,"], SamplingParams(temperature=0, max_tokens=40,
+                                                        stop=[" 8"]))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == " 8"
+    assert out.text.strip().startswith("5, 6, 7") and " 8" not in out.text
+    first = llm.generate(["1, 2, 3, 4,"], SamplingParams(temperature=0, max_tokens=3))[0]
+    stop_id = first.outputs[0].token_ids[1]
+    out = llm.generate(["1, 2, 3, 4,"], SamplingParams(temperature=0, max_tokens=40,
+                                                        stop_token_ids=[stop_id]))[0].outputs[0]
+    assert out.token_ids[-1] == stop_id and out.finish_reason == "stop"
+    chat = llm.chat([{"role": "user", "content": "Say hello."}],
+                    SamplingParams(temperature=0, max_tokens=200, logprobs=2))[0].outputs[0]
+    assert chat.finish_reason == "stop"  # the chat model ends its turn with EOS
+    assert chat.token_ids[-1] in llm.engine.model_config.eos_token_ids
+    assert len(chat.logprobs) == len(chat.token_ids)
+    assert all(len(lp) >= 2 and max(lp.values()) <= 0 for lp in chat.logprobs)
+    # Greedy picks the top-1 token, so its logprob is the largest of the returned ones.
+    assert all(lp[t] == max(lp.values()) for lp, t in zip(chat.logprobs, chat.token_ids,
+                                                         strict=True))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_tokens=0), "max_tokens"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+])
+def test_bad_sampling_params(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_bad_prompts_are_refused_and_the_engine_keeps_serving(llm):
+    engine = llm.engine
+    good = engine.add_request("Hello", GREEDY)
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("", GREEDY)
+    with pytest.raises(ValueError, match="maximum context length"):
+        engine.add_request([1] * (engine.max_model_len + 5), GREEDY)
+    with pytest.raises(ValueError, match="token ids"):
+        engine.add_request([10**9], GREEDY)
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o for o in engine.step() if o.finished]
+    assert [o.request_id for o in done] == [good.request_id]
+    assert len(done[0].outputs[0].token_ids) == GREEDY.max_tokens
+
+
+def test_unknown_model_path():
+    with pytest.raises(ValueError, match="neither the embedded model"):
+        LLM(model="/nonexistent/model/dir")
+
+
+def test_streaming_deltas_add_up(llm):
+    chunks = list(llm.generate_stream("The capital of France is",
+                                      SamplingParams(temperature=0, max_tokens=12,
+                                                     ignore_eos=True)))
+    assert chunks[-1].finished
+    assert sum(len(c.delta_token_ids) for c in chunks) == 12
+    final = llm.generate(["The capital of France is"],
+                         SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    assert chunks[-1].outputs[0].text == final.outputs[0].text
