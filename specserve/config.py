@@ -87,6 +87,7 @@ class EngineConfig:
     quantization: str | None = None
     seed: int = 0
     num_threads: int | None = None
+    speculative_config: dict | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import PROMPTS, hf_greedy
 
 from specserve import SamplingParams
-
-from conftest import PROMPTS, hf_greedy
 
 NEW_TOKENS = 64
 
@@ -37,7 +36,7 @@ def test_inside_mixed_batch_of_32_matches_hf(llm, hf_reference):
             batch.append(prompts[i // 4])
             params.append(SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True))
         else:
-            text = f"Request {i}: " + "tell me about the number %d. " % i * (1 + i % 7)
+            text = f"Request {i}: " + f"tell me about the number {i}. " * (1 + i % 7)
             batch.append(tok(text, add_special_tokens=False).input_ids)
             params.append(SamplingParams(temperature=0, max_tokens=8 + 5 * (i % 11),
                                          ignore_eos=True))

@@ -53,7 +53,8 @@ class BlockManager:
         bs, hashes, ids = self.block_size, req.block_hashes, req.all_token_ids
         while (len(hashes) + 1) * bs <= num_tokens:
             i = len(hashes)
-            hashes.append(hash_block(hashes[-1] if hashes else None, tuple(ids[i * bs:(i + 1) * bs])))
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash_block(parent, tuple(ids[i * bs:(i + 1) * bs])))
         return hashes
 
     def find_cached_prefix(self, req: Request) -> list[int]:

@@ -54,7 +54,8 @@ class LLMEngine:
         self.model = build_model(cfg, loaded.state_dict, self.dtype)
         self.weight_bytes = sum(p.nbytes for p in self.model.parameters())
         cache = config.cache
-        kv_dtype = self.dtype if cache.kv_cache_dtype == "auto" else parse_dtype(cache.kv_cache_dtype)
+        kv_dtype = (self.dtype if cache.kv_cache_dtype == "auto"
+                    else parse_dtype(cache.kv_cache_dtype))
         block_bytes = cache.block_size * kv_bytes_per_token(cfg, kv_dtype)
         budget = cache.kv_cache_memory
         if isinstance(budget, float):

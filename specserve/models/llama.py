@@ -114,5 +114,6 @@ def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
         {k: v.to(dtype) for k, v in state_dict.items()}, strict=False)
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
-        raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
+        raise ValueError(f"weights do not fit the model: missing {missing}, "
+                         f"unexpected {unexpected}")
     return model.to(dtype).eval()

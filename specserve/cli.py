@@ -1,0 +1,165 @@
+"""The `specserve` command line. It only parses flags into configs and calls the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+
+
+def parse_memory(value: str) -> int | float:
+    """'1GiB', '512MiB', '2e9' (bytes) or '0.3' (a fraction of free memory)."""
+    m = re.fullmatch(r"\s*([\d.eE+]+)\s*([KMGT]i?B)?\s*", value)
+    if not m:
+        raise argparse.ArgumentTypeError(f"cannot read memory size {value!r}")
+    number, unit = float(m.group(1)), m.group(2)
+    if unit is None:
+        return number if number <= 1 else int(number)
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit[0]]
+    return int(number * scale)
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None,
+                   help="a local Hugging Face directory or .gguf file (default: the embedded "
+                        "SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="bfloat16", help="bfloat16 | float32")
+    p.add_argument("--quantization", default=None, help="int8 | int4 | gguf | fp8")
+    p.add_argument("--kv-cache-memory", type=parse_memory, default=1 << 30,
+                   help="KV pool size: bytes ('1GiB') or a fraction of free memory (default 1GiB)")
+    p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--max-num-seqs", type=int, default=128)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--speculative-config", type=json.loads, default=None,
+                   help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict:
+    kw = dict(dtype=args.dtype, quantization=args.quantization,
+              kv_cache_memory=args.kv_cache_memory, kv_cache_dtype=args.kv_cache_dtype,
+              block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
+              max_num_seqs=args.max_num_seqs,
+              enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
+              num_threads=args.num_threads)
+    if args.speculative_config is not None:
+        kw["speculative_config"] = args.speculative_config
+    return kw
+
+
+def make_llm(args: argparse.Namespace):
+    from specserve import LLM
+
+    return LLM(args.model, **engine_kwargs(args))
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--sample-seed", type=int, default=None)
+
+
+def sampling_params(args: argparse.Namespace):
+    from specserve import SamplingParams
+
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                          top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed)
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    llm = make_llm(args)
+    params = sampling_params(args)
+    if args.chat:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
+    else:
+        outs = llm.generate(args.prompt, params)
+    for prompt, out in zip(args.prompt, outs, strict=True):
+        c = out.outputs[0]
+        print(f"--- prompt: {prompt!r}\n{c.text}\n[{len(c.token_ids)} tokens, "
+              f"finish={c.finish_reason}, TTFT {out.metrics.ttft * 1e3:.0f} ms]")
+
+
+def cmd_chat(args: argparse.Namespace) -> None:
+    """An interactive chat loop in the terminal, streaming the reply."""
+    llm = make_llm(args)
+    params = sampling_params(args)
+    engine = llm.engine
+    messages: list[dict] = []
+    print("specserve chat — empty line or Ctrl-D to quit")
+    while True:
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            break
+        if not line:
+            break
+        messages.append({"role": "user", "content": line})
+        reply = ""
+        for out in llm.generate_stream(engine.apply_chat_template(messages), params):
+            text = out.outputs[0].text
+            sys.stdout.write(text[len(reply):])
+            sys.stdout.flush()
+            reply = text
+        print()
+        messages.append({"role": "assistant", "content": reply})
+
+
+def cmd_bench_offline(args: argparse.Namespace) -> None:
+    from specserve.bench.offline import format_table, run_offline
+
+    llm = make_llm(args)
+    conc = [int(c) for c in args.concurrency.split(",")]
+    print(f"model {llm.engine.model_name} dtype {args.dtype} quantization {args.quantization} "
+          f"load {llm.engine.load_time:.1f}s KV blocks {llm.engine.block_manager.num_blocks}")
+    results = run_offline(llm, conc, args.input_len, args.output_len, args.compare_hf)
+    print(format_table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"results": [r.as_dict() for r in results],
+                       "stats": llm.get_stats()}, f, indent=2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("generate", help="generate text for one or more prompts")
+    add_engine_args(p)
+    add_sampling_args(p)
+    p.add_argument("--prompt", action="append", required=True)
+    p.add_argument("--chat", action="store_true", help="wrap each prompt in the chat template")
+    p.set_defaults(func=cmd_generate)
+    p = sub.add_parser("chat", help="interactive chat in the terminal")
+    add_engine_args(p)
+    add_sampling_args(p)
+    p.set_defaults(func=cmd_chat)
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="mode", required=True)
+    p = bench.add_parser("offline", help="throughput and latency in-process, per concurrency")
+    add_engine_args(p)
+    p.add_argument("--concurrency", default="1,8,32,64")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--compare-hf", action="store_true",
+                   help="also run Hugging Face generate (static batching) on the same prompts")
+    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    p.set_defaults(func=cmd_bench_offline)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as e:
+        sys.exit(f"specserve: error: {e}")
+
+
+if __name__ == "__main__":
+    main()
