@@ -1,0 +1,96 @@
+"""Swap ``nn.Linear`` modules for quantized ones, in place (gpt-fast style).
+
+Why a module swap: the model code keeps calling ``self.qkv_proj(x)``; only the module changes.
+Quantize *after* moving the model to its device: int4 weights are packed in a device/ISA-specific
+layout. ``lm_head`` is skipped by default because it is tied to the embedding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from specserve.quant.fp8 import Fp8Linear
+from specserve.quant.gguf_q4 import BLOCK_BYTES, QK, GGUFQ4Linear, concat_raw
+from specserve.quant.int4 import Int4Linear
+from specserve.quant.int8 import Int8Linear
+
+METHODS = ("int8", "int4", "fp8")
+QUANT_MODULES = (Int8Linear, Int4Linear, Fp8Linear)  # GGUFQ4Linear is an Int4Linear
+
+
+def _skipped(name: str, skip: Iterable[str]) -> bool:
+    """`name` matches an entry exactly, as a dotted suffix (``lm_head``) or as a prefix."""
+    return any(name == s or name.endswith("." + s) or name.startswith(s + ".") for s in skip)
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, attr, new)
+
+
+def quantize_model(
+    model: nn.Module,
+    method: str,
+    *,
+    group_size: int = 32,
+    skip: Sequence[str] = ("lm_head",),
+) -> nn.Module:
+    """Replace each ``nn.Linear`` not in `skip` by its `method`-quantized version; returns model."""
+    if method not in METHODS:
+        raise ValueError(f"unknown quantization method {method!r}; valid: {', '.join(METHODS)}")
+    targets = [
+        (n, m) for n, m in model.named_modules() if type(m) is nn.Linear and not _skipped(n, skip)
+    ]
+    for name, lin in targets:
+        with torch.no_grad():
+            if method == "int8":
+                new: nn.Module = Int8Linear.from_linear(lin)
+            elif method == "int4":
+                new = Int4Linear.from_linear(lin, group_size)
+            else:
+                new = Fp8Linear.from_linear(lin)
+        _replace(model, name, new)
+    return model
+
+
+def replace_with_gguf(
+    model: nn.Module,
+    raw_weights: Mapping[str, np.ndarray | Sequence[np.ndarray]],
+    *,
+    device: torch.device | str = "cpu",
+) -> nn.Module:
+    """Swap the named ``nn.Linear`` modules for GGUFQ4Linear built from raw Q4_1 rows.
+
+    `raw_weights` maps a module name (e.g. ``layers.0.attn.qkv_proj``) to its uint8
+    ``[out, nbytes]`` Q4_1 bytes, or to a list of parts to row-concatenate (q, k, v); apply any
+    row permutation to the bytes first (``concat_raw(parts, perm)``). The Linear's bias, if any,
+    is kept; its weight is never read (it may be on the meta device).
+    """
+    for name, raw in raw_weights.items():
+        lin = model.get_submodule(name)
+        if not isinstance(lin, nn.Linear):
+            raise TypeError(f"{name} is {type(lin).__name__}, expected nn.Linear")
+        raw = raw if isinstance(raw, np.ndarray) else concat_raw(raw)
+        shape = (raw.shape[0], raw.shape[1] // BLOCK_BYTES * QK)
+        if shape != (lin.out_features, lin.in_features):
+            raise ValueError(f"{name}: Q4_1 rows give {shape}, module is {tuple(lin.weight.shape)}")
+        bias = lin.bias
+        if bias is not None and bias.is_meta:  # placeholder, so a later load_state_dict fills it
+            bias = torch.zeros(bias.shape, dtype=bias.dtype)
+        _replace(model, name, GGUFQ4Linear.from_raw(raw, bias, device=device))
+    return model
+
+
+def linear_weight_nbytes(model: nn.Module) -> int:
+    """Weight bytes of all linear layers, quantized or not (biases and embeddings excluded)."""
+    total = 0
+    for m in model.modules():
+        if isinstance(m, QUANT_MODULES):
+            total += m.weight_nbytes
+        elif isinstance(m, nn.Linear):
+            total += m.weight.nbytes
+    return total
