@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +29,12 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.stop is not None and not isinstance(self.stop, (list, tuple)):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
         self.stop = list(self.stop or [])
+        if self.stop_token_ids is not None and not isinstance(self.stop_token_ids, (list, tuple)):
+            raise ValueError(f"stop_token_ids must be a list of integers, got "
+                             f"{self.stop_token_ids!r}")
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
@@ -40,9 +46,9 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             bad(f"n must be an integer >= 1, got {self.n!r}")
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+        if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature < math.inf:
             bad(f"temperature must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:  # NaN fails too
             bad(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             bad(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
@@ -55,6 +61,8 @@ class SamplingParams:
             bad(f"logprobs must be in 0..20, got {self.logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop must be a non-empty string or a list of non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            bad("stop_token_ids must be non-negative integers")
         if self.seed is not None and not isinstance(self.seed, int):
             bad(f"seed must be an integer, got {self.seed!r}")
         k = self.num_speculative_tokens

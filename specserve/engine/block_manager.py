@@ -1,8 +1,10 @@
 """Block manager: a pool of fixed-size KV blocks with reference counts and automatic prefix
 caching.
 
-A full block is identified by a chained hash of (parent block's hash, its token ids), so equal
-hashes mean equal prefixes; the block also keeps its tokens and a hit is verified against them.
+A full block is identified by a chained hash of (parent block's hash, its token ids). A hit is
+never trusted on the hash alone: the block keeps its tokens and the identity of its parent block,
+and both are checked, so by induction a served prefix equals the request's prefix even under a
+hash collision (Python's tuple hash is not collision-resistant; a collision only costs a miss).
 Blocks whose reference count drops to zero stay cached in an LRU free queue and are evicted only
 when a new block is needed.
 """
@@ -15,13 +17,16 @@ from specserve.engine.request import Request
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids")
+    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids", "parent", "generation")
 
     def __init__(self, block_id: int):
         self.block_id = block_id
         self.ref_count = 0
         self.block_hash: int | None = None
         self.token_ids: tuple[int, ...] | None = None
+        # (block_id, generation) of the block before it in the sequence; None for the first.
+        self.parent: tuple[int, int] | None = None
+        self.generation = 0  # bumped on every reuse, so a stale parent link never matches
 
 
 def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
@@ -62,20 +67,28 @@ class BlockManager:
         compute, because the last prompt position must produce logits."""
         if not self.enable_prefix_caching:
             return []
-        self.num_prefix_queries += req.num_tokens
         hashes = self._request_hashes(req, req.num_tokens - 1)
         hit: list[int] = []
+        parent = None
         bs = self.block_size
         for i, h in enumerate(hashes):
             block_id = self.cached.get(h)
             if block_id is None:
                 break
             block = self.blocks[block_id]
-            if block.token_ids != tuple(req.all_token_ids[i * bs:(i + 1) * bs]):
+            if block.parent != parent or \
+                    block.token_ids != tuple(req.all_token_ids[i * bs:(i + 1) * bs]):
                 break  # a hash collision: never serve another prefix's KV
             hit.append(block_id)
-        self.num_prefix_hits += len(hit) * bs
+            parent = (block_id, block.generation)
         return hit
+
+    def record_prefix_lookup(self, num_queried: int, num_hit: int) -> None:
+        """Counted once per admitted request (a request retried at the queue head is not)."""
+        if not self.enable_prefix_caching:
+            return
+        self.num_prefix_queries += num_queried
+        self.num_prefix_hits += num_hit
 
     def allocate(self, req: Request, num_new_tokens: int, cached_block_ids: list[int] = ()
                  ) -> bool:
@@ -100,7 +113,8 @@ class BlockManager:
             if block.block_hash is not None:  # evict the least recently used cached block
                 if self.cached.get(block.block_hash) == block_id:
                     del self.cached[block.block_hash]
-                block.block_hash = block.token_ids = None
+                block.block_hash = block.token_ids = block.parent = None
+            block.generation += 1
             block.ref_count = 1
             req.block_ids.append(block_id)
         return True
@@ -115,10 +129,11 @@ class BlockManager:
             block = self.blocks[req.block_ids[i]]
             if block.block_hash is not None:
                 continue
-            h = hashes[i]
-            block.block_hash = h
+            prev = self.blocks[req.block_ids[i - 1]] if i else None
+            block.parent = (prev.block_id, prev.generation) if prev else None
+            block.block_hash = hashes[i]
             block.token_ids = tuple(req.all_token_ids[i * bs:(i + 1) * bs])
-            self.cached.setdefault(h, block.block_id)
+            self.cached.setdefault(hashes[i], block.block_id)
 
     def free(self, req: Request) -> None:
         """Drop req's references. Tail blocks are queued first so that a prefix outlives its
@@ -148,5 +163,5 @@ class BlockManager:
         """Forget every cached block that no request holds (benchmarks measure cold prefills)."""
         for block_id in self.free_queue:
             block = self.blocks[block_id]
-            block.block_hash = block.token_ids = None
+            block.block_hash = block.token_ids = block.parent = None
         self.cached = {h: b for h, b in self.cached.items() if self.blocks[b].ref_count > 0}

@@ -17,8 +17,10 @@ from specserve.engine.scheduler import Scheduler
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
 from specserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from specserve.sample.sampler import sample
+from specserve.sample.emit import emit_tokens
 from specserve.sampling_params import SamplingParams
+from specserve.spec_decode import StaticPolicy, build_proposer
+from specserve.spec_decode.config import SpeculativeConfig
 
 
 @dataclass(slots=True)
@@ -29,6 +31,11 @@ class EngineStats:
     num_preemptions: int = 0
     forward_time: float = 0.0  # seconds in model forwards
     step_time: float = 0.0  # seconds in step() overall
+    num_draft_tokens: int = 0  # draft tokens verified by the target
+    num_accepted_tokens: int = 0
+    num_verifications: int = 0  # (request, step) pairs that verified >= 1 draft token
+    draft_time: float = 0.0  # seconds proposing
+    verify_time: float = 0.0  # seconds in target forwards of steps that verified drafts
 
 
 def _available_memory() -> int:
@@ -67,6 +74,9 @@ class LLMEngine:
         self.max_model_len = min(cfg.max_position, num_blocks * cache.block_size)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
+        self.spec_config = SpeculativeConfig.from_dict(config.speculative_config)
+        self.proposer = build_proposer(self.spec_config, config, self.tokenizer, cache.block_size)
+        self.spec_policy = StaticPolicy(self.spec_config)
         self.load_time = time.perf_counter() - t0
         self._next_id = 0
 
@@ -112,68 +122,120 @@ class LLMEngine:
         req = self.requests.pop(request_id, None)
         if req is not None and not req.is_finished:
             self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+            self._free_spec_state(req)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
     # ---- the loop ---------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """One iteration: schedule, run one forward over the whole batch, sample, update.
-        Returns an output for every request that produced tokens or finished."""
+        """One iteration: schedule, run one forward over the whole batch (prefill chunks, decodes
+        and speculative verification mixed), sample or verify, update, propose for the next
+        step. Returns an output for every request that produced tokens or finished."""
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
-        self.stats.num_preemptions += sched.num_preempted
+        self.stats.num_preemptions += len(sched.preempted)
+        for req in sched.preempted:
+            self._free_spec_state(req)
         if not sched.scheduled:
             return []
         inputs = self.runner.prepare(sched.scheduled)
-        sampling_reqs: list[Request] = []
+        sampling: list[tuple[Request, int]] = []  # (request, draft tokens verified)
         logits_indices: list[int] = []
         for i, (req, n) in enumerate(sched.scheduled):
-            if req.num_computed_tokens + n >= req.num_tokens:  # reaches the last known token
-                sampling_reqs.append(req)
-                logits_indices.append(inputs.query_start[i] + n - 1)
+            end = req.num_computed_tokens + n
+            if end >= req.num_tokens:  # reaches the last known token: this step samples
+                num_spec = end - req.num_tokens
+                last = inputs.query_start[i] + n - 1
+                logits_indices.extend(range(last - num_spec, last + 1))
+                sampling.append((req, num_spec))
             if req.num_computed_tokens < req.num_prompt_tokens:
                 self.stats.num_prompt_tokens += min(n, req.num_prompt_tokens
                                                     - req.num_computed_tokens)
         t1 = time.perf_counter()
         _, logits = self.runner.execute(inputs, torch.tensor(logits_indices, dtype=torch.long))
-        token_ids = self._sample(sampling_reqs, logits)
+        reqs = [r for r, _ in sampling]
+        num_spec = [k for _, k in sampling]
+        emitted = emit_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs],
+                              num_spec, [r.spec_token_ids for r in reqs],
+                              [r.spec_probs for r in reqs])
         self.stats.forward_time += time.perf_counter() - t1
+        if any(num_spec):
+            self.stats.verify_time += time.perf_counter() - t1
         for req, n in sched.scheduled:
             req.num_computed_tokens += n
-            self.block_manager.cache_blocks(req)
         now = time.perf_counter()
         outputs = []
-        for req, token in zip(sampling_reqs, token_ids, strict=True):
+        row = 0
+        for (req, k), tokens in zip(sampling, emitted, strict=True):
+            if k:
+                self._on_verified(req, k, len(tokens) - 1)
+            req.spec_token_ids, req.spec_probs = [], None
+            if req.params.logprobs is not None:
+                self._record_logprobs(req, logits[row:row + len(tokens)], tokens)
+            row += k + 1
             if req.first_token_time is None:
                 req.first_token_time = now
-            self._append_and_check(req, [token])
-            outputs.append(self._make_output(req, 1))
+            num_before = req.num_output_tokens
+            self._append_and_check(req, tokens)
+            outputs.append(self._make_output(req, req.num_output_tokens - num_before))
+        for req, _ in sched.scheduled:
+            if not req.is_finished:
+                self.block_manager.cache_blocks(req)
+        if self.proposer is not None:
+            self._propose()
         self.stats.num_steps += 1
         self.stats.step_time += time.perf_counter() - t0
         return outputs
 
-    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
-        params = [r.params for r in reqs]
-        temperature = torch.tensor([p.temperature for p in params])
-        top_k = torch.tensor([p.top_k for p in params]) if any(p.top_k for p in params) else None
-        top_p = (torch.tensor([p.top_p for p in params])
-                 if any(p.top_p < 1 for p in params) else None)
-        tokens = sample(logits, temperature, top_k, top_p, [r.generator for r in reqs])
-        token_list = tokens.tolist()
-        if any(p.logprobs is not None for p in params):
-            logprobs = logits.log_softmax(dim=-1)
-            for i, req in enumerate(reqs):
-                if req.params.logprobs is None:
-                    continue
-                lp = logprobs[i]
-                entry = {token_list[i]: float(lp[token_list[i]])}
-                if req.params.logprobs:
-                    top = lp.topk(req.params.logprobs)
-                    entry.update(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-                req.logprobs.append(entry)
-                req.cumulative_logprob += entry[token_list[i]]
-        return token_list
+    def _on_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:
+        """Roll the target's cache back past the rejected draft tokens."""
+        req.num_computed_tokens -= num_draft - num_accepted
+        req.num_draft_tokens += num_draft
+        req.num_accepted_tokens += num_accepted
+        self.stats.num_draft_tokens += num_draft
+        self.stats.num_accepted_tokens += num_accepted
+        self.stats.num_verifications += 1
+        self.proposer.on_verified(req, num_draft, num_accepted)
+
+    def _propose(self) -> None:
+        """Guess the next tokens of every running request that is decoding."""
+        reqs, ks = [], []
+        for req in self.scheduler.running:
+            if req.num_computed_tokens != req.num_tokens - 1:
+                continue  # still in prefill
+            k = self.spec_policy.num_speculative_tokens(req)
+            # Never guess past max_tokens or the context: those tokens could not be emitted.
+            k = min(k, req.max_tokens - req.num_output_tokens - 1,
+                    self.max_model_len - req.num_tokens - 1)
+            reqs.append(req)
+            ks.append(max(k, 0))
+        if not any(ks):
+            return  # zero overhead when nobody speculates
+        t0 = time.perf_counter()
+        proposal = self.proposer.propose(reqs, ks)
+        self.stats.draft_time += time.perf_counter() - t0
+        row = 0
+        for req, tokens in zip(reqs, proposal.token_ids, strict=True):
+            req.spec_token_ids = tokens
+            if proposal.probs is not None:
+                req.spec_probs = proposal.probs[row:row + len(tokens)]
+                row += len(tokens)
+
+    def _free_spec_state(self, req: Request) -> None:
+        req.spec_token_ids, req.spec_probs = [], None
+        if self.proposer is not None:
+            self.proposer.free(req)
+
+    def _record_logprobs(self, req: Request, logits: torch.Tensor, tokens: list[int]) -> None:
+        logprobs = logits.log_softmax(dim=-1)  # [len(tokens), vocab]
+        for lp, token in zip(logprobs, tokens, strict=True):
+            entry = {token: float(lp[token])}
+            if req.params.logprobs:
+                top = lp.topk(req.params.logprobs)
+                entry.update(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+            req.logprobs.append(entry)
+            req.cumulative_logprob += entry[token]
 
     def _append_and_check(self, req: Request, tokens: list[int]) -> None:
         """Append newly emitted tokens one by one, stopping at the first stop condition."""
@@ -196,6 +258,7 @@ class LLMEngine:
     def _finish(self, req: Request, status: RequestStatus) -> None:
         req.finished_time = time.perf_counter()
         self.scheduler.finish(req, status)
+        self._free_spec_state(req)
         self.requests.pop(req.request_id, None)
 
     def _make_output(self, req: Request, num_new: int) -> RequestOutput:
@@ -212,7 +275,8 @@ class LLMEngine:
             logprobs=list(req.logprobs) if req.params.logprobs is not None else None,
             finish_reason=req.finish_reason, stop_reason=req.stop_reason)
         metrics = RequestMetrics(req.arrival_time, req.first_token_time, req.finished_time,
-                                 req.num_cached_tokens, req.num_preemptions)
+                                 req.num_cached_tokens, req.num_preemptions,
+                                 req.num_draft_tokens, req.num_accepted_tokens)
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [completion],
                              finished, metrics, delta_token_ids=req.output_token_ids[-num_new:])
 
@@ -235,6 +299,27 @@ class LLMEngine:
             "kv_cache_bytes": self.runner.kv_cache_bytes,
             "forward_time_s": s.forward_time,
             "step_time_s": s.step_time,
+            **self.spec_stats(),
+        }
+
+    def spec_stats(self) -> dict:
+        s = self.stats
+        p = self.proposer
+        return {
+            "spec_method": p.name if p else None,
+            "num_draft_tokens": s.num_draft_tokens,
+            "num_accepted_tokens": s.num_accepted_tokens,
+            "num_verifications": s.num_verifications,
+            "acceptance_rate": s.num_accepted_tokens / s.num_draft_tokens
+            if s.num_draft_tokens else None,
+            # tokens emitted per verification: accepted + the recovered/bonus token
+            "mean_accepted_length": (s.num_accepted_tokens + s.num_verifications)
+            / s.num_verifications if s.num_verifications else None,
+            "draft_time_s": s.draft_time,
+            "verify_time_s": s.verify_time,
+            "draft_weight_bytes": p.weight_bytes if p else 0,
+            "draft_kv_cache_bytes": p.kv_cache_bytes if p else 0,
+            "draft_num_forwards": getattr(p, "num_forwards", 0),
         }
 
 

@@ -93,9 +93,10 @@ class ModelRunner:
             req, n = scheduled[i]
             query_start[i] = len(ids)
             start = req.num_computed_tokens
+            known = len(req.all_token_ids)
             tokens = req.all_token_ids[start:start + n]
-            if len(tokens) < n:  # the rest are draft tokens under verification
-                tokens = tokens + req.spec_token_ids[: n - len(tokens)]
+            if start + n > known:  # the rest are speculative (draft) tokens
+                tokens = tokens + req.spec_token_ids[max(start - known, 0):start + n - known]
             ids.extend(tokens)
             pos = np.arange(start, start + n)
             positions.append(pos)

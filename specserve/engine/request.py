@@ -48,6 +48,10 @@ class Request:
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of the full blocks of all_token_ids
         self.spec_token_ids: list[int] = []  # draft tokens scheduled for verification
+        self.spec_probs: torch.Tensor | None = None  # [len(spec_token_ids), vocab] or None
+        self.num_draft_tokens = 0  # proposed and verified, over the request's life
+        self.num_accepted_tokens = 0
+        self.stream = False
         self.num_preemptions = 0
         self.stop_token_ids = set(params.stop_token_ids)
         if not params.ignore_eos:

@@ -21,7 +21,7 @@ from specserve.engine.request import Request, RequestStatus
 class SchedulerOutput:
     # (request, number of tokens to compute this step), in scheduling order
     scheduled: list[tuple[Request, int]] = field(default_factory=list)
-    num_preempted: int = 0
+    preempted: list[Request] = field(default_factory=list)
 
     @property
     def total_num_tokens(self) -> int:
@@ -69,7 +69,7 @@ class Scheduler:
             while not bm.allocate(req, num_new):
                 victim = self.running.pop()  # lowest priority: admitted last
                 self._preempt(victim)
-                out.num_preempted += 1
+                out.preempted.append(victim)
                 if victim is req:
                     break
             if req.status == RequestStatus.PREEMPTED:
@@ -77,7 +77,7 @@ class Scheduler:
             out.scheduled.append((req, num_new))
             budget -= num_new
             i += 1
-        if out.num_preempted:
+        if out.preempted:
             return out  # the pool is full: admit nothing new this step
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
@@ -95,6 +95,7 @@ class Scheduler:
             self.waiting.popleft()
             if req.status == RequestStatus.WAITING:
                 req.num_cached_tokens = num_cached
+            bm.record_prefix_lookup(req.num_tokens, num_cached)
             req.status = RequestStatus.RUNNING
             self.running.append(req)
             out.scheduled.append((req, num_new))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from specserve.sample.rejection_sampler import sample_from_probs
+
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
                       top_p: torch.Tensor | None) -> torch.Tensor:
@@ -16,6 +18,11 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
     Returns logits with the excluded tokens set to -inf."""
     if top_k is None and top_p is None:
         return logits
+    if top_p is None:  # top-k alone: a threshold from topk, no full-vocabulary sort
+        vocab = logits.shape[-1]
+        k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+        kth = logits.topk(int(k.max()), dim=-1).values.gather(1, (k - 1).unsqueeze(1))
+        return logits.masked_fill(logits < kth, float("-inf"))
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)  # [n, vocab]
     vocab = logits.shape[-1]
     remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
@@ -38,22 +45,6 @@ def compute_probs(logits: torch.Tensor, temperature: torch.Tensor,
     plain sampling agree on what "the target's distribution" is."""
     logits = logits / temperature.unsqueeze(1)
     return apply_top_k_top_p(logits, top_k, top_p).softmax(dim=-1)
-
-
-def exponential_noise(shape: tuple[int, int], generators: list[torch.Generator | None]
-                      ) -> torch.Tensor:
-    """[n, vocab] Exp(1) noise; row i from generators[i] when it is set."""
-    q = torch.empty(shape).exponential_()
-    for i, g in enumerate(generators):
-        if g is not None:
-            q[i].exponential_(generator=g)
-    return q
-
-
-def sample_from_probs(probs: torch.Tensor, generators: list[torch.Generator | None]
-                      ) -> torch.Tensor:
-    """[n, vocab] -> [n] token ids, one draw per row."""
-    return (probs / exponential_noise(tuple(probs.shape), generators)).argmax(dim=-1)
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,

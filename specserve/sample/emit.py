@@ -1,0 +1,62 @@
+"""From the logits of one step to the tokens each request emits.
+
+A request with no draft tokens samples one token from its last row. A request that verified K
+draft tokens has K + 1 rows and emits its accepted tokens plus one recovered or bonus token
+(rejection_sampler.py). When no request speculates, the step pays nothing for speculation.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, rejection_sample
+from specserve.sample.sampler import compute_probs, sample
+from specserve.sampling_params import SamplingParams
+
+
+def _per_row(values: list, repeats: list[int]) -> torch.Tensor:
+    return torch.tensor(values).repeat_interleave(torch.tensor(repeats))
+
+
+def emit_tokens(
+    logits: torch.Tensor,  # [sum(num_spec[i] + 1), vocab] fp32, rows grouped by request
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    num_spec: list[int],  # K_i draft tokens verified by request i (0: plain decode)
+    spec_token_ids: list[list[int]],
+    spec_probs: list[torch.Tensor | None],  # [K_i, vocab] draft probabilities or None
+) -> list[list[int]]:
+    has_top_k = any(p.top_k for p in params)
+    has_top_p = any(p.top_p < 1 for p in params)
+    if not any(num_spec):
+        temperature = torch.tensor([p.temperature for p in params])
+        top_k = torch.tensor([p.top_k for p in params]) if has_top_k else None
+        top_p = torch.tensor([p.top_p for p in params]) if has_top_p else None
+        return [[t] for t in sample(logits, temperature, top_k, top_p, generators).tolist()]
+    rows = [k + 1 for k in num_spec]
+    is_greedy = torch.tensor([p.is_greedy for p in params])
+    if bool(is_greedy.all()):
+        target_probs = logits  # only argmax is read
+    else:
+        temperature = _per_row([1.0 if p.is_greedy else p.temperature for p in params], rows)
+        target_probs = compute_probs(
+            logits, temperature,
+            _per_row([p.top_k for p in params], rows) if has_top_k else None,
+            _per_row([p.top_p for p in params], rows) if has_top_p else None)
+    draft_probs = None
+    needs_probs = [k and not p.is_greedy for k, p in zip(num_spec, params, strict=True)]
+    if any(needs_probs) and any(sp is not None for sp in spec_probs):
+        vocab = logits.shape[-1]
+        parts = []
+        for k, ids, sp in zip(num_spec, spec_token_ids, spec_probs, strict=True):
+            if k == 0:
+                continue
+            if sp is None:  # point mass on the guessed token
+                sp = torch.zeros(k, vocab).scatter_(1, torch.tensor(ids[:k]).unsqueeze(1), 1.0)
+            parts.append(sp[:k])
+        draft_probs = torch.cat(parts)
+    draft_ids = torch.tensor([t for k, ids in zip(num_spec, spec_token_ids, strict=True)
+                              for t in ids[:k]], dtype=torch.long)
+    output, _ = rejection_sample(draft_ids, num_spec, target_probs, draft_probs, is_greedy,
+                                 generators)
+    return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in output.tolist()]

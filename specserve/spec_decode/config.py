@@ -1,0 +1,42 @@
+"""Speculative decoding configuration, in vLLM's `speculative_config` shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+METHODS = ("ngram", "draft")
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    method: str
+    num_speculative_tokens: int = 4  # K_max
+    model: str | None = None  # draft: a model path (default: the target's own weights)
+    draft_layers: int | None = None  # self-draft: keep the target's first N layers
+    prompt_lookup_min: int = 1
+    prompt_lookup_max: int = 4
+    quantization: str | None = None  # the draft's own weight quantization
+    kv_cache_memory: int = 256 << 20  # the draft's own KV pool
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method must be one of {METHODS}, got {self.method!r}")
+        if not 1 <= self.num_speculative_tokens <= 16:
+            raise ValueError("num_speculative_tokens must be in 1..16")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
+        if self.draft_layers is not None and self.draft_layers < 1:
+            raise ValueError("draft_layers must be >= 1")
+
+    @classmethod
+    def from_dict(cls, d: dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
+        if d is None or isinstance(d, SpeculativeConfig):
+            return d
+        known = set(cls.__dataclass_fields__)
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown speculative_config keys {sorted(unknown)}; "
+                             f"known: {sorted(known)}")
+        if "method" not in d:
+            raise ValueError('speculative_config needs a "method" (ngram or draft)')
+        return cls(**d)

@@ -1,0 +1,166 @@
+"""Draft-model proposer: a separate, smaller model with its own weights, its own paged KV cache
+and its own block pool (Leviathan et al. 2023; Chen et al. 2023).
+
+The draft keeps its own `num_computed_tokens` per request. Proposing K tokens is K batched draft
+forwards: the first one catches up on every token the draft has not seen yet (the prompt at
+first, then the tokens accepted since, or many tokens after a stretch with speculation off), the
+next K-1 feed back the draft's own guesses. After verification the draft rolls back to the last
+accepted position: its KV for rejected guesses is simply overwritten later.
+
+`draft_layers=N` builds a self-draft: an independent copy of the target's first N layers plus its
+final norm and LM head, the offline stand-in for "a 1B draft for a 70B target".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+
+from specserve.config import CacheConfig
+from specserve.engine.block_manager import BlockManager
+from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
+from specserve.engine.request import Request
+from specserve.models.llama import build_model
+from specserve.models.loader import load_model
+from specserve.sample.rejection_sampler import sample_from_probs
+from specserve.sample.sampler import compute_probs
+from specserve.spec_decode.config import SpeculativeConfig
+from specserve.spec_decode.proposer import Proposal, Proposer
+
+
+class DraftSeq:
+    """The draft's view of one request: the request's tokens, the draft's own blocks and
+    progress, and the guesses made in the current proposal."""
+
+    def __init__(self, req: Request):
+        self.req = req
+        self.num_computed_tokens = 0
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []
+        self.spec_token_ids: list[int] = []
+        self.generator = None
+        if req.params.seed is not None:  # the draft's own stream, so the target's stays intact
+            self.generator = torch.Generator().manual_seed(req.params.seed ^ 0x5EED)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.req.all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.req.all_token_ids)
+
+
+def check_same_tokenizer(target_tok, draft_tok) -> None:
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv != dv:
+        raise ValueError(
+            f"the draft model's tokenizer does not match the target's (vocabulary of {len(dv)} "
+            f"vs {len(tv)} tokens, {len(set(tv.items()) ^ set(dv.items()))} entries differ); "
+            "speculative decoding needs the same tokenizer")
+
+
+class DraftModelProposer(Proposer):
+    name = "draft"
+
+    def __init__(self, spec: SpeculativeConfig, target_model: str | None, target_tokenizer,
+                 dtype: torch.dtype, block_size: int, num_threads: int | None = None):
+        loaded = load_model(spec.model if spec.model is not None else target_model)
+        check_same_tokenizer(target_tokenizer, loaded.tokenizer)
+        cfg, sd = loaded.config, loaded.state_dict
+        if spec.draft_layers is not None:
+            if spec.draft_layers > cfg.num_layers:
+                raise ValueError(f"draft_layers={spec.draft_layers} but the model has only "
+                                 f"{cfg.num_layers} layers")
+            cfg = dataclasses.replace(cfg, num_layers=spec.draft_layers)
+            sd = {k: v for k, v in sd.items()
+                  if not k.startswith("layers.") or int(k.split(".")[1]) < spec.draft_layers}
+        self.model_config = cfg
+        self.model = build_model(cfg, sd, dtype)
+        if spec.quantization:
+            from specserve.quant.swap import quantize_model
+
+            quantize_model(self.model, spec.quantization)
+        self.weight_bytes = sum(p.nbytes for p in self.model.parameters())
+        num_blocks = max(spec.kv_cache_memory // (block_size * kv_bytes_per_token(cfg, dtype)), 1)
+        self.runner = ModelRunner(self.model, cfg, CacheConfig(block_size=block_size),
+                                  num_blocks, dtype)
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        self.kv_cache_bytes = self.runner.kv_cache_bytes
+        self.seqs: dict[str, DraftSeq] = {}
+        self.num_forwards = 0
+        self.num_tokens_computed = 0
+        self.time = 0.0
+
+    def _seq(self, req: Request) -> DraftSeq:
+        seq = self.seqs.get(req.request_id)
+        if seq is None or seq.req is not req:
+            seq = self.seqs[req.request_id] = DraftSeq(req)
+        return seq
+
+    def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
+        t0 = time.perf_counter()
+        proposals: list[list[int]] = [[] for _ in reqs]
+        prob_rows: list[list[torch.Tensor]] = [[] for _ in reqs]
+        need_probs = any(not r.params.is_greedy for r, k in zip(reqs, num_tokens, strict=True)
+                         if k)
+        alive = [i for i, k in enumerate(num_tokens) if k > 0]
+        seqs = {i: self._seq(reqs[i]) for i in alive}
+        for i in alive:
+            seqs[i].spec_token_ids = []
+        while alive:
+            batch = []
+            for i in list(alive):
+                seq = seqs[i]
+                n = seq.num_tokens + len(seq.spec_token_ids) - seq.num_computed_tokens
+                if not self.block_manager.allocate(seq, n):
+                    alive.remove(i)  # the draft pool is full: this request guesses no further
+                    continue
+                batch.append((seq, n))
+            if not batch:
+                break
+            inputs = self.runner.prepare(batch)
+            last = torch.tensor([inputs.query_start[j] + n - 1 for j, (_, n) in enumerate(batch)])
+            _, logits = self.runner.execute(inputs, last)  # [len(batch), vocab]
+            self.num_forwards += 1
+            self.num_tokens_computed += sum(n for _, n in batch)
+            for seq, n in batch:
+                seq.num_computed_tokens += n
+            tokens = logits.argmax(dim=-1)
+            if need_probs:
+                params = [seqs[i].req.params for i in alive]
+                temp = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params])
+                top_k = torch.tensor([p.top_k for p in params])
+                top_p = torch.tensor([p.top_p for p in params])
+                probs = compute_probs(logits, temp, top_k, top_p)
+                sampled = sample_from_probs(probs, [seqs[i].generator for i in alive])
+                greedy = torch.tensor([p.is_greedy for p in params])
+                tokens = torch.where(greedy, tokens, sampled)
+            for j, (i, token) in enumerate(zip(alive, tokens.tolist(), strict=True)):
+                proposals[i].append(token)
+                seqs[i].spec_token_ids.append(token)
+                if need_probs:
+                    prob_rows[i].append(probs[j])
+            alive = [i for i in alive if len(proposals[i]) < num_tokens[i]]
+        self.time += time.perf_counter() - t0
+        probs_out = None
+        if need_probs:
+            rows = [r for per_req in prob_rows for r in per_req]
+            probs_out = torch.stack(rows) if rows else None
+        return Proposal(proposals, probs_out)
+
+    def on_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:
+        seq = self.seqs.get(req.request_id)
+        if seq is None:
+            return
+        # Valid draft KV: everything before the first rejected guess (req.num_tokens is still
+        # the count before the accepted tokens are appended).
+        seq.num_computed_tokens = min(seq.num_computed_tokens, req.num_tokens + num_accepted)
+        seq.spec_token_ids = []
+
+    def free(self, req: Request) -> None:
+        seq = self.seqs.pop(req.request_id, None)
+        if seq is not None:
+            self.block_manager.free(seq)

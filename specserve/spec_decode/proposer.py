@@ -1,0 +1,33 @@
+"""The proposer interface: something that guesses the next K tokens of running requests."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from specserve.engine.request import Request
+
+
+@dataclass(slots=True)
+class Proposal:
+    token_ids: list[list[int]]  # per request, at most the K asked for (may be shorter or empty)
+    # [sum of len(token_ids[i]), vocab] draft probabilities, or None for a point-mass proposer
+    probs: torch.Tensor | None = None
+
+
+class Proposer(ABC):
+    name: str = "proposer"
+    weight_bytes: int = 0
+    kv_cache_bytes: int = 0
+
+    @abstractmethod
+    def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
+        """Guess up to num_tokens[i] tokens that follow reqs[i].all_token_ids."""
+
+    def on_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:  # noqa: B027
+        """Called after verification (a stateful proposer rolls back its cache)."""
+
+    def free(self, req: Request) -> None:  # noqa: B027 (optional hook)
+        """The request finished, was aborted or preempted: drop its state."""
