@@ -1,0 +1,193 @@
+"""Speculative decoding inside the continuous batch: lossless for every proposer, greedy and
+random; rollback leaks nothing; mismatched drafts are refused."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import PROMPTS
+from tiny_models import VOCAB, make_tiny_model
+
+from specserve import LLM, SamplingParams
+
+SPEC_CONFIGS = {
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+    "self-draft": {"method": "draft", "num_speculative_tokens": 3, "draft_layers": 2},
+}
+
+
+@pytest.fixture(scope="module", params=list(SPEC_CONFIGS))
+def spec_llm(request):
+    return LLM(dtype="float32", speculative_config=SPEC_CONFIGS[request.param])
+
+
+def _mixed_batch(llm):
+    """32 requests: the reference prompts and copy-friendly fillers, mixed lengths."""
+    tok = llm.get_tokenizer()
+    prompts, params = [], []
+    for i in range(32):
+        if i % 4 == 0:
+            text = PROMPTS[i // 4]
+        else:
+            text = f'Copy this record {i} times: {{"id": {i}, "name": "item{i}", "ok": true}}\n'
+        prompts.append(tok(text, add_special_tokens=False).input_ids)
+        params.append(SamplingParams(temperature=0, max_tokens=10 + 2 * (i % 9),
+                                     ignore_eos=True))
+    return prompts, params
+
+
+def test_greedy_speculation_is_token_identical(llm, spec_llm):
+    prompts, params = _mixed_batch(llm)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    # Alone (batch 1) ...
+    for i in (1, 4):
+        assert spec_llm.generate([prompts[i]], params[i])[0].outputs[0].token_ids == expected[i]
+    # ... and inside one batch of 32 mixed requests.
+    outs = spec_llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == expected
+    stats = spec_llm.get_stats()
+    assert stats["num_draft_tokens"] > 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    if spec_llm.engine.proposer.name == "ngram":  # the records are copied: drafts get accepted
+        assert stats["num_accepted_tokens"] > 0
+
+
+def test_stop_inside_an_accepted_draft(llm):
+    """A stop token or stop string met in the middle of accepted draft tokens ends the output
+    exactly where plain decoding ends it; later accepted tokens are dropped."""
+    spec = LLM(dtype="float32", speculative_config=SPEC_CONFIGS["ngram"])
+    prompt = 'Repeat: {"a": 1, "b": 2, "c": 3}\n{"a": 1, "b": 2, "c": 3}\n{"a": 1, "b": 2,'
+    greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    ref = llm.generate([prompt], greedy)[0].outputs[0]
+    stop_id = ref.token_ids[8]
+    by_token = SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop_id])
+    want = llm.generate([prompt], by_token)[0].outputs[0]
+    got = spec.generate([prompt], by_token)[0]
+    assert got.outputs[0].token_ids == want.token_ids
+    assert got.outputs[0].token_ids[-1] == stop_id
+    assert got.metrics.num_accepted_tokens > 0
+    by_string = SamplingParams(temperature=0, max_tokens=40, stop=['"c"'])
+    want = llm.generate([prompt], by_string)[0].outputs[0]
+    got = spec.generate([prompt], by_string)[0].outputs[0]
+    assert (got.text, got.finish_reason, got.stop_reason) == (want.text, "stop", '"c"')
+    stats = spec.get_stats()
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_per_request_override_turns_speculation_off(llm):
+    spec = LLM(dtype="float32", speculative_config=SPEC_CONFIGS["ngram"])
+    prompt = 'Repeat: {"a": 1, "b": 2}\n{"a": 1, "b": 2}\n{"a": 1,'
+    on = spec.generate([prompt], SamplingParams(temperature=0, max_tokens=24))[0]
+    off = spec.generate([prompt], SamplingParams(temperature=0, max_tokens=24,
+                                                 num_speculative_tokens=0))[0]
+    assert on.metrics.num_draft_tokens > 0 and off.metrics.num_draft_tokens == 0
+    assert on.outputs[0].token_ids == off.outputs[0].token_ids
+
+
+def test_pools_are_free_after_aborts_and_preemptions(llm):
+    tok = llm.get_tokenizer()
+    prompts = [tok(f"Tale {i}: the fox and the crow met at dawn near mill {i}, and",
+                   add_special_tokens=False).input_ids for i in range(8)]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    reference = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    spec = LLM(dtype="float32", num_blocks=14, block_size=16,
+               speculative_config=SPEC_CONFIGS["self-draft"])
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == reference
+    engine = spec.engine
+    assert engine.stats.num_preemptions > 0
+    ids = [engine.add_request(p, params).request_id for p in prompts]
+    for _ in range(10):
+        engine.step()
+    for rid in ids[1::2]:
+        engine.abort_request(rid)
+    while engine.has_unfinished_requests():
+        engine.step()
+    draft_bm = engine.proposer.block_manager
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    assert draft_bm.num_free_blocks == draft_bm.num_blocks
+    assert engine.proposer.seqs == {}
+
+
+def test_draft_with_another_vocabulary_is_refused(tmp_path):
+    path = make_tiny_model(tmp_path / "other", seed=1)
+    with pytest.raises(ValueError, match="tokenizer does not match"):
+        LLM(dtype="float32", speculative_config={"method": "draft", "model": str(path)})
+
+
+# ---- random sampling is lossless, measured on the engine ------------------------------------
+def _chi2_critical(df: int, alpha_z: float = 3.09) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile; z = 3.09 is alpha = 1e-3."""
+    return df * (1 - 2 / (9 * df) + alpha_z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def _chi2(counts: dict, probs: dict, n: int) -> tuple[float, int]:
+    """Pearson's statistic, pooling cells with expected count < 5 into one."""
+    stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
+    for key, p in probs.items():
+        exp, obs = p * n, counts.get(key, 0)
+        if exp < 5:
+            pooled_obs, pooled_exp = pooled_obs + obs, pooled_exp + exp
+            continue
+        stat += (obs - exp) ** 2 / exp
+        cells += 1
+    assert all(key in probs for key in counts), "a token with zero probability was emitted"
+    if pooled_exp > 0:
+        stat += (pooled_obs - pooled_exp) ** 2 / pooled_exp
+        cells += 1
+    return stat, cells - 1
+
+
+def _next_token_probs(model, prefixes: torch.Tensor, temperature: float) -> torch.Tensor:
+    with torch.inference_mode():
+        logits = model(prefixes).logits[:, -1].double()
+    return (logits / temperature).softmax(-1)
+
+
+def test_random_speculative_sampling_matches_the_target(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    target_dir = make_tiny_model(tmp_path / "target", seed=11, logit_scale=2.0)
+    draft_dir = make_tiny_model(tmp_path / "draft", seed=12, logit_scale=2.0)
+    temperature, prompt, n = 0.8, [5, 9, 13], 12000
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
+    # Exact target probabilities of the first three tokens: p(t1), p(t2|t1), p(t3|t1,t2).
+    p1 = _next_token_probs(target, torch.tensor([prompt]), temperature)[0]
+    pre2 = torch.tensor([prompt + [a] for a in range(VOCAB)])
+    p2 = _next_token_probs(target, pre2, temperature)  # [t1, t2]
+    pre3 = torch.tensor([prompt + [a, b] for a in range(VOCAB) for b in range(VOCAB)])
+    p3 = _next_token_probs(target, pre3, temperature).view(VOCAB, VOCAB, VOCAB)
+    # The draft must really differ from the target, or the test proves nothing.
+    q2 = _next_token_probs(draft, pre2, temperature)
+    tv = 0.5 * (p2 - q2).abs().sum(-1)
+    assert float((p1 * tv).sum()) > 0.2
+
+    llm = LLM(str(target_dir), dtype="float32", kv_cache_memory=64 << 20, max_num_seqs=256,
+              speculative_config={"method": "draft", "model": str(draft_dir),
+                                  "num_speculative_tokens": 2, "kv_cache_memory": 64 << 20})
+    params = SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True)
+    outs = llm.generate([prompt] * n, params)
+    seqs = [tuple(o.outputs[0].token_ids[:3]) for o in outs]
+    stats = llm.get_stats()
+    # Both the accepted and the recovered paths were exercised, and bonus tokens occurred.
+    assert 0.1 < stats["acceptance_rate"] < 0.9
+    assert stats["mean_accepted_length"] > 1.2
+
+    pair_probs = {(a, b): float(p1[a] * p2[a, b]) for a in range(VOCAB) for b in range(VOCAB)}
+    pair_counts: dict = {}
+    for s in seqs:
+        pair_counts[s[:2]] = pair_counts.get(s[:2], 0) + 1
+    stat, df = _chi2(pair_counts, pair_probs, n)
+    assert stat < _chi2_critical(df), (stat, df)
+    third = (p1[:, None, None] * p2[:, :, None] * p3).sum((0, 1))  # marginal of t3
+    third_counts: dict = {}
+    for s in seqs:
+        third_counts[s[2]] = third_counts.get(s[2], 0) + 1
+    stat, df = _chi2(third_counts, {t: float(third[t]) for t in range(VOCAB)}, n)
+    assert stat < _chi2_critical(df), (stat, df)
+    # Negative control: the draft's own distribution fails the same check on t2.
+    draft_pairs = {(a, b): float(p1[a] * q2[a, b]) for a in range(VOCAB) for b in range(VOCAB)}
+    stat, df = _chi2(pair_counts, draft_pairs, n)
+    assert stat > _chi2_critical(df)
