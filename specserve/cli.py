@@ -8,6 +8,8 @@ import os
 import re
 import sys
 
+from specserve.server.cli import add_serve_parser
+
 
 def parse_memory(value: str) -> int | float:
     """'1GiB', '512MiB', '2e9' (bytes) or '0.3' (a fraction of free memory)."""
@@ -38,6 +40,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--speculative-config", type=json.loads, default=None,
                    help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
+    p.add_argument("--speculation-policy", default="adaptive",
+                   help="off | static | batch-threshold:N | schedule:B=K,... | adaptive")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -46,7 +50,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
               max_num_seqs=args.max_num_seqs,
               enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
-              num_threads=args.num_threads)
+              num_threads=args.num_threads, speculation_policy=args.speculation_policy)
     if args.speculative_config is not None:
         kw["speculative_config"] = args.speculative_config
     return kw
@@ -149,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run Hugging Face generate (static batching) on the same prompts")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
     p.set_defaults(func=cmd_bench_offline)
+    add_serve_parser(sub)
     return parser
 
 

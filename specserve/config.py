@@ -88,6 +88,8 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None
     speculative_config: dict | None = None
+    # off | static | batch-threshold:N | schedule:B=K,... | adaptive (see spec_decode/policy.py)
+    speculation_policy: str = "adaptive"
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 

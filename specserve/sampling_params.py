@@ -24,6 +24,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     # Speculation override for this request: None = engine default, 0 = off, else K_max.
     num_speculative_tokens: int | None = None
+    # None: the engine's policy; "off" | "static" | "adaptive" for this request alone.
+    speculation_policy: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -65,6 +67,9 @@ class SamplingParams:
             bad("stop_token_ids must be non-negative integers")
         if self.seed is not None and not isinstance(self.seed, int):
             bad(f"seed must be an integer, got {self.seed!r}")
+        if self.speculation_policy not in (None, "off", "static", "adaptive"):
+            bad("speculation_policy must be one of off, static, adaptive, got "
+                f"{self.speculation_policy!r}")
         k = self.num_speculative_tokens
         if k is not None and (not isinstance(k, int) or k < 0 or k > 16):
             bad(f"num_speculative_tokens must be in 0..16, got {k!r}")

@@ -19,8 +19,10 @@ from specserve.models.loader import load_model
 from specserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from specserve.sample.emit import emit_tokens
 from specserve.sampling_params import SamplingParams
-from specserve.spec_decode import StaticPolicy, build_proposer
+from specserve.spec_decode import build_proposer
 from specserve.spec_decode.config import SpeculativeConfig
+from specserve.spec_decode.policy import SpecPolicy, build_policy
+from specserve.spec_decode.profiler import profile_forward
 
 
 @dataclass(slots=True)
@@ -74,11 +76,26 @@ class LLMEngine:
         self.max_model_len = min(cfg.max_position, num_blocks * cache.block_size)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
+        self._last_draft_time = 0.0
+        self.profile_time = 0.0  # start-up profile of the cost model (seconds)
         self.spec_config = SpeculativeConfig.from_dict(config.speculative_config)
         self.proposer = build_proposer(self.spec_config, config, self.tokenizer, cache.block_size)
-        self.spec_policy = StaticPolicy(self.spec_config)
+        self.spec_policy = self._build_policy(config.speculation_policy)
         self.load_time = time.perf_counter() - t0
         self._next_id = 0
+
+    def _build_policy(self, name: str) -> SpecPolicy | None:
+        if self.proposer is None:
+            return None
+        k_max = self.spec_config.num_speculative_tokens
+        if name != "adaptive":
+            return build_policy(name, k_max)
+        t0 = time.perf_counter()
+        target_cost = profile_forward(self.runner)
+        draft_runner = getattr(self.proposer, "runner", None)
+        draft_cost = profile_forward(draft_runner) if draft_runner is not None else None
+        self.profile_time = time.perf_counter() - t0
+        return build_policy(name, k_max, target_cost, draft_cost)
 
     # ---- requests -------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -159,7 +176,9 @@ class LLMEngine:
         emitted = emit_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs],
                               num_spec, [r.spec_token_ids for r in reqs],
                               [r.spec_probs for r in reqs])
-        self.stats.forward_time += time.perf_counter() - t1
+        t_forward = time.perf_counter() - t1
+        self.stats.forward_time += t_forward
+        num_prefill = sum(n for r, n in sched.scheduled if r.num_computed_tokens < r.num_tokens - 1)
         if any(num_spec):
             self.stats.verify_time += time.perf_counter() - t1
         for req, n in sched.scheduled:
@@ -183,7 +202,12 @@ class LLMEngine:
             if not req.is_finished:
                 self.block_manager.cache_blocks(req)
         if self.proposer is not None:
-            self._propose()
+            self.spec_policy.observe_step(sched.total_num_tokens, t_forward,
+                                          self.proposer.last_forward_tokens,
+                                          self._last_draft_time)
+            self.proposer.last_forward_tokens = []
+            self._last_draft_time = 0.0
+            self._propose(num_prefill)
         self.stats.num_steps += 1
         self.stats.step_time += time.perf_counter() - t0
         return outputs
@@ -197,24 +221,39 @@ class LLMEngine:
         self.stats.num_accepted_tokens += num_accepted
         self.stats.num_verifications += 1
         self.proposer.on_verified(req, num_draft, num_accepted)
+        self.spec_policy.observe_verification(req, num_draft, num_accepted)
 
-    def _propose(self) -> None:
-        """Guess the next tokens of every running request that is decoding."""
-        reqs, ks = [], []
+    def _propose(self, num_prefill_tokens: int) -> None:
+        """Choose K per decoding request (the policy) and guess that many tokens."""
+        reqs, caps, forced = [], [], []
         for req in self.scheduler.running:
             if req.num_computed_tokens != req.num_tokens - 1:
                 continue  # still in prefill
-            k = self.spec_policy.num_speculative_tokens(req)
-            # Never guess past max_tokens or the context: those tokens could not be emitted.
-            k = min(k, req.max_tokens - req.num_output_tokens - 1,
-                    self.max_model_len - req.num_tokens - 1)
             reqs.append(req)
-            ks.append(max(k, 0))
+            # Never guess past max_tokens or the context: those tokens could not be emitted.
+            caps.append(max(min(req.max_tokens - req.num_output_tokens - 1,
+                                self.max_model_len - req.num_tokens - 1), 0))
+            forced.append(req.params.speculation_policy)
+        if not reqs:
+            return
+        policy = self.spec_policy
+        free = [i for i, f in enumerate(forced) if f in (None, "adaptive")]
+        ks = [0 if f == "off" else policy.request_k_max(r) if f == "static" else 0
+              for r, f in zip(reqs, forced, strict=True)]
+        if free:
+            chosen = policy.choose([reqs[i] for i in free], len(self.scheduler.running),
+                                   len(reqs) + sum(ks) + num_prefill_tokens,
+                                   [self.proposer.catch_up_tokens(reqs[i]) for i in free])
+            for i, k in zip(free, chosen, strict=True):
+                ks[i] = k
+        ks = [min(k, cap) for k, cap in zip(ks, caps, strict=True)]
+        policy.record_choice(ks)
         if not any(ks):
-            return  # zero overhead when nobody speculates
+            return  # zero overhead when nobody speculates: no draft forward at all
         t0 = time.perf_counter()
         proposal = self.proposer.propose(reqs, ks)
         self.stats.draft_time += time.perf_counter() - t0
+        self._last_draft_time = time.perf_counter() - t0
         row = 0
         for req, tokens in zip(reqs, proposal.token_ids, strict=True):
             req.spec_token_ids = tokens
@@ -226,6 +265,8 @@ class LLMEngine:
         req.spec_token_ids, req.spec_probs = [], None
         if self.proposer is not None:
             self.proposer.free(req)
+            if req.is_finished:
+                self.spec_policy.forget(req)
 
     def _record_logprobs(self, req: Request, logits: torch.Tensor, tokens: list[int]) -> None:
         logprobs = logits.log_softmax(dim=-1)  # [len(tokens), vocab]
@@ -320,6 +361,7 @@ class LLMEngine:
             "draft_weight_bytes": p.weight_bytes if p else 0,
             "draft_kv_cache_bytes": p.kv_cache_bytes if p else 0,
             "draft_num_forwards": getattr(p, "num_forwards", 0),
+            **(self.spec_policy.stats(self.scheduler.running) if self.spec_policy else {}),
         }
 
 

@@ -67,6 +67,7 @@ class DraftModelProposer(Proposer):
 
     def __init__(self, spec: SpeculativeConfig, target_model: str | None, target_tokenizer,
                  dtype: torch.dtype, block_size: int, num_threads: int | None = None):
+        super().__init__()
         loaded = load_model(spec.model if spec.model is not None else target_model)
         check_same_tokenizer(target_tokenizer, loaded.tokenizer)
         cfg, sd = loaded.config, loaded.state_dict
@@ -126,6 +127,7 @@ class DraftModelProposer(Proposer):
             _, logits = self.runner.execute(inputs, last)  # [len(batch), vocab]
             self.num_forwards += 1
             self.num_tokens_computed += sum(n for _, n in batch)
+            self.last_forward_tokens.append(sum(n for _, n in batch))
             for seq, n in batch:
                 seq.num_computed_tokens += n
             tokens = logits.argmax(dim=-1)
@@ -150,6 +152,10 @@ class DraftModelProposer(Proposer):
             rows = [r for per_req in prob_rows for r in per_req]
             probs_out = torch.stack(rows) if rows else None
         return Proposal(proposals, probs_out)
+
+    def catch_up_tokens(self, req: Request) -> int:
+        seq = self.seqs.get(req.request_id)
+        return req.num_tokens - (seq.num_computed_tokens if seq else 0)
 
     def on_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:
         seq = self.seqs.get(req.request_id)

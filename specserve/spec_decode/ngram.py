@@ -33,6 +33,7 @@ class NgramProposer(Proposer):
     name = "ngram"
 
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int):
+        super().__init__()
         self.n_min, self.n_max = prompt_lookup_min, prompt_lookup_max
 
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:

@@ -22,6 +22,13 @@ class Proposer(ABC):
     weight_bytes: int = 0
     kv_cache_bytes: int = 0
 
+    def __init__(self) -> None:
+        self.last_forward_tokens: list[int] = []  # tokens per draft forward in the last propose
+
+    def catch_up_tokens(self, req: Request) -> int:
+        """Tokens the proposer must process before its first guess for req (cost model)."""
+        return 0
+
     @abstractmethod
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
         """Guess up to num_tokens[i] tokens that follow reqs[i].all_token_ids."""

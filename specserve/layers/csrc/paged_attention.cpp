@@ -1,0 +1,730 @@
+// Fused paged attention for short queries (decode, speculative verification) on CPU.
+//
+// Reads K/V in place from the paged cache through the block tables: no gather copy, no padding,
+// no materialised scores. Work item = (run of consecutive query tokens of one sequence, key
+// partition), all heads: a slot's K (or V) rows of all KV heads are adjacent in memory, so an item
+// streams whole slots. All query heads of a KV head's GQA group, and all tokens of the run, share
+// each K/V row load. Online softmax over tiles of TILE keys: scores for the tile, one max / exp /
+// rescale per row per tile, then the P*V update; fp32 accumulation throughout, bf16 output
+// rounded to nearest-even.
+//
+// Vectorisation: for head_dim 64 and 128 the dot products and P*V use GCC/Clang 16-lane vector
+// types (gcc's auto-vectoriser picks the wrong loop there: it vectorised P*V across keys with
+// gathers); the 16 dot products of a key group are reduced with one shuffle tree. With AVX512_BF16
+// the bf16 scores use vdpbf16ps on the cache rows in place (exact bf16 products, fp32 sums);
+// otherwise keys are widened once per tile (uint16 << 16). V is widened in registers. Other
+// head_dims use plain loops that gcc vectorises (-O3 -march=native plus the flags that allow
+// reassociating fp32 reductions). exp is a polynomial so that it vectorises too; scores are kept
+// in log2 units (q is pre-scaled by scale * log2(e)).
+//
+// Threads: at::parallel_for over torch's intra-op pool (respects torch.set_num_threads); each
+// thread pulls work items, largest first, from a shared atomic counter. When there are too few
+// items for the threads (small batch, long context) the keys are split into partitions and the
+// partial softmax states are merged afterwards (flash-decoding style).
+
+// Narrow includes instead of <torch/extension.h>: the build takes a fraction of the time.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/utils/pybind.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int TILE = 32;             // keys per online-softmax tile (hmax_tile assumes 32)
+constexpr int MAX_RUN_TOKENS = 16;   // query tokens of one sequence sharing a work item
+constexpr int64_t MIN_PART_KEYS = 128;  // smallest key partition when splitting
+#ifndef PREFETCH_KEYS
+#define PREFETCH_KEYS 64                 // software prefetch distance, in keys
+#endif
+
+inline float bf16_bits_to_f32(uint16_t x) {
+  return __builtin_bit_cast(float, static_cast<uint32_t>(x) << 16);
+}
+
+inline uint16_t f32_to_bf16_rne(float f) {
+  uint32_t u = __builtin_bit_cast(uint32_t, f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// 2^x for x <= 0 (exact 0 below -126, including -inf). Rounded range reduction to [-0.5, 0.5]
+// and a degree-7 Taylor polynomial: relative error ~1e-7, vectorisable (no libm call).
+inline float exp2_neg(float x) {
+  const float xc = x < -126.0f ? -126.0f : x;
+  const float n = std::floor(xc + 0.5f);
+  const float f = xc - n;
+  float p = 1.5252733804059841e-05f;  // ln2^7 / 7!
+  p = p * f + 1.5403530393381610e-04f;
+  p = p * f + 1.3333558146428443e-03f;
+  p = p * f + 9.6181291076284772e-03f;
+  p = p * f + 5.5504108664821580e-02f;
+  p = p * f + 2.4022650695910071e-01f;
+  p = p * f + 6.9314718055994531e-01f;
+  p = p * f + 1.0f;
+  const float two_n = __builtin_bit_cast(float, (static_cast<int32_t>(n) + 127) << 23);
+  return x < -126.0f ? 0.0f : p * two_n;
+}
+
+// 16-lane fp32 vectors (GCC/Clang vector extensions): one zmm register with AVX-512, lowered to
+// narrower registers elsewhere. Used where gcc's auto-vectoriser picks the wrong loop.
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+
+inline v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store16(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
+inline v16f load16(const uint16_t* p) {  // bf16 -> fp32
+#if defined(__AVX512F__)
+  // One vpmovzxwd + vpslld (gcc 12 splits the generic form below into two halves).
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return reinterpret_cast<v16f>(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#else
+  v16h h;
+  std::memcpy(&h, p, sizeof(h));
+  return reinterpret_cast<v16f>(__builtin_convertvector(h, v16u) << 16);
+#endif
+}
+inline v16f splat(float x) { return v16f{} + x; }
+inline v16f vmax(v16f a, v16f b) { return a > b ? a : b; }
+
+// Sum of each of 16 vectors, as one vector: out[j] = sum(a[j]). Tree of two-source shuffles
+// (15 adds, 30 shuffles for 16 dot products instead of a full horizontal sum per product).
+inline v16f sum16x16(const v16f* a) {
+  v16f t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)
+    t[i] = __builtin_shufflevector(a[2 * i], a[2 * i + 1], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18,
+                                   19, 20, 21, 22, 23) +
+           __builtin_shufflevector(a[2 * i], a[2 * i + 1], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25,
+                                   26, 27, 28, 29, 30, 31);
+  for (int i = 0; i < 4; ++i)
+    u[i] = __builtin_shufflevector(t[2 * i], t[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18,
+                                   19, 24, 25, 26, 27) +
+           __builtin_shufflevector(t[2 * i], t[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22,
+                                   23, 28, 29, 30, 31);
+  for (int i = 0; i < 2; ++i)
+    w[i] = __builtin_shufflevector(u[2 * i], u[2 * i + 1], 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20,
+                                   21, 24, 25, 28, 29) +
+           __builtin_shufflevector(u[2 * i], u[2 * i + 1], 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22,
+                                   23, 26, 27, 30, 31);
+  return __builtin_shufflevector(w[0], w[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26,
+                                 28, 30) +
+         __builtin_shufflevector(w[0], w[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27,
+                                 29, 31);
+}
+
+// Dot products of q (16 * NC floats, in registers) with 16 key rows.
+template <int NC>
+inline v16f dot16(const v16f* q, const float* const* krow) {
+  v16f a[16];
+  for (int j = 0; j < 16; ++j) {
+    const float* k = krow[j];
+    v16f s = q[0] * load16(k);
+    for (int c = 1; c < NC; ++c) s += q[c] * load16(k + 16 * c);
+    a[j] = s;
+  }
+  return sum16x16(a);
+}
+
+#if defined(__AVX512BF16__)
+// bf16 dot products of q (16 * NC bf16 values, NC / 2 registers) with 16 bf16 key rows read in
+// place: vdpbf16ps multiplies bf16 pairs exactly and accumulates in fp32, so the keys need no
+// widening pass.
+constexpr bool kHaveDpBf16 = true;
+template <int NC>
+inline v16f dot16_bf16(const __m512bh* q, const uint16_t* const* krow) {
+  v16f a[16];
+  for (int j = 0; j < 16; ++j) {
+    const uint16_t* k = krow[j];
+    __m512 s = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[0],
+                                reinterpret_cast<__m512bh>(_mm512_loadu_si512(k)));
+    for (int c = 1; c < NC / 2; ++c)
+      s = _mm512_dpbf16_ps(s, q[c], reinterpret_cast<__m512bh>(_mm512_loadu_si512(k + 32 * c)));
+    a[j] = reinterpret_cast<v16f>(s);
+  }
+  return sum16x16(a);
+}
+#else
+constexpr bool kHaveDpBf16 = false;
+#endif
+
+template <int NC, typename S>
+inline void widen_row(const S* src, float* dst, int64_t D) {
+  if constexpr (NC > 0) {
+    for (int c = 0; c < NC; ++c) store16(dst + 16 * c, load16(src + 16 * c));
+  } else {
+    for (int64_t d = 0; d < D; ++d) dst[d] = bf16_bits_to_f32(src[d]);
+  }
+}
+
+// acc[r0 .. r0+NR) = acc * alpha + P V over the n keys of a tile (head_dim 16 * NC), V read in
+// place (bf16 widened in registers). NR rows at once share each V load; with few accumulators,
+// even and odd keys go to separate sets so that the FMA latency is hidden.
+template <int NC, int NR, typename S>
+inline void pv_block(float* __restrict acc, const float* __restrict sbuf,
+                     const float* __restrict alpha, int64_t r0, int n, const S* const* vrow) {
+  constexpr int D = 16 * NC;
+  constexpr int NA = NR * NC <= 8 ? 2 : 1;
+  v16f a[NA][NR][NC];
+  for (int i = 0; i < NR; ++i) {
+    const v16f al = splat(alpha[r0 + i]);
+    for (int c = 0; c < NC; ++c) {
+      a[0][i][c] = load16(acc + (r0 + i) * D + 16 * c) * al;
+      if constexpr (NA == 2) a[1][i][c] = v16f{};
+    }
+  }
+  const float* p = sbuf + r0 * TILE;
+  int j = 0;
+  for (; j + NA <= n; j += NA) {
+    for (int u = 0; u < NA; ++u) {
+      const S* v = vrow[j + u];
+      for (int c = 0; c < NC; ++c) {
+        const v16f vv = load16(v + 16 * c);
+        for (int i = 0; i < NR; ++i) a[u][i][c] += splat(p[i * TILE + j + u]) * vv;
+      }
+    }
+  }
+  for (; j < n; ++j) {
+    const S* v = vrow[j];
+    for (int c = 0; c < NC; ++c) {
+      const v16f vv = load16(v + 16 * c);
+      for (int i = 0; i < NR; ++i) a[0][i][c] += splat(p[i * TILE + j]) * vv;
+    }
+  }
+  for (int i = 0; i < NR; ++i)
+    for (int c = 0; c < NC; ++c) {
+      v16f x = a[0][i][c];
+      if constexpr (NA == 2) x += a[1][i][c];
+      store16(acc + (r0 + i) * D + 16 * c, x);
+    }
+}
+
+static_assert(TILE == 32, "hmax_tile and the 16-key score groups assume 32-key tiles");
+inline float hmax_tile(const float* s) {  // max of TILE (= 32) floats
+  v16f m = vmax(load16(s), load16(s + 16));
+  m = vmax(m, __builtin_shufflevector(m, m, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6,
+                                      7));
+  m = vmax(m, __builtin_shufflevector(m, m, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10,
+                                      11));
+  m = vmax(m, __builtin_shufflevector(m, m, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12,
+                                      13));
+  m = vmax(m, __builtin_shufflevector(m, m, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15,
+                                      14));
+  return m[0];
+}
+
+struct Run {        // consecutive query tokens of one sequence
+  int32_t t0;       // first token
+  int32_t m;        // number of tokens
+  int32_t seq;      // row of block_tables
+  int32_t max_len;  // max over the run of (token_pos + 1)
+};
+
+struct Item {       // one unit of parallel work: all heads of a run over a key range
+  int32_t run;
+  int32_t part;
+  int32_t k0, k1;   // key range [k0, k1)
+  int64_t cost;
+};
+
+struct Params {
+  const void* q;
+  const void* k_cache;
+  const void* v_cache;
+  const int32_t* block_tables;
+  const int32_t* token_pos;
+  void* out;           // [T, H, D] in q's dtype (used when there is a single partition)
+  float* part_out;     // [T, H, P, D] fp32 (partial numerators, already divided by l)
+  float* part_ml;      // [T, H, P, 2]: (max, sum) in log2 units
+  int64_t num_heads, num_kv_heads, group, head_dim;
+  int64_t max_blocks, block_size, num_parts;
+  float qscale;        // scale * log2(e)
+};
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<float> {
+  using storage = float;
+  static inline float load(float x) { return x; }
+  static inline float store(float x) { return x; }
+};
+template <>
+struct Elem<c10::BFloat16> {
+  using storage = uint16_t;
+  static inline float load(uint16_t x) { return bf16_bits_to_f32(x); }
+  static inline uint16_t store(float x) { return f32_to_bf16_rne(x); }
+};
+
+// Per-thread scratch. Rows: r = kvh * RG + i * G + g for query head kvh * G + g of the run's
+// token i (RG = tokens * G rows per KV head).
+struct Scratch {
+  std::vector<float> q;      // [R, D] query rows, scaled by scale * log2(e)
+  std::vector<uint16_t> qb;  // [R, D] bf16 query rows as given (vdpbf16ps path)
+  std::vector<float> acc;    // [R, D] unnormalised outputs
+  std::vector<float> s;      // [R, TILE] scores / probabilities of the current tile
+  std::vector<float> m, l, alpha;  // [R] running max, running sum, rescale of this tile
+  std::vector<int32_t> lim;  // [R] number of keys the row may see (token_pos + 1)
+  std::vector<float> kbuf, vbuf;   // [TILE, D] widened bf16 rows
+  std::vector<const float*> krow;  // [TILE] (bf16 rows, type-punned, on the vdpbf16ps path)
+  std::vector<const void*> vrow;   // [TILE]
+  std::vector<int64_t> slot;  // [TILE] element offsets of the tile's slots (all KV heads of a
+                              // slot are adjacent)
+  std::vector<float> zero;  // [D] zeros (padding rows of a short tile)
+};
+
+// One KV head of one tile: scores, online softmax, P V for that head's R rows.
+// NC > 0: head_dim = 16 * NC with explicit 16-lane vectors; NC == 0: any head_dim, plain loops.
+template <typename T, int NC>
+inline void tile_head(Scratch& sc, const typename Elem<T>::storage* __restrict kc,
+                      const typename Elem<T>::storage* __restrict vc, int64_t head_off,
+                      int64_t D, int64_t j0, int n, int64_t R, const float* __restrict qf,
+                      const uint16_t* __restrict qb, float qscale, float* __restrict acc,
+                      float* __restrict sbuf, float* __restrict mrow, float* __restrict lrow,
+                      float* __restrict alpha, const int32_t* __restrict lim) {
+  using S = typename Elem<T>::storage;
+  constexpr bool kWiden = !std::is_same<T, float>::value;
+  constexpr bool kDp = kWiden && kHaveDpBf16 && NC > 0 && NC % 2 == 0;
+  // K rows: read in place (fp32; bf16 with vdpbf16ps) or widened to fp32 once, shared by all R
+  // rows. A short tile's padding rows point at zeros.
+  if constexpr (kDp) {
+    const S** kr = reinterpret_cast<const S**>(sc.krow.data());
+    for (int j = 0; j < n; ++j) kr[j] = kc + sc.slot[j] + head_off;
+    for (int j = n; j < TILE; ++j) kr[j] = reinterpret_cast<const S*>(sc.zero.data());
+  } else {
+    for (int j = 0; j < n; ++j) {
+      const S* src = kc + sc.slot[j] + head_off;
+      if constexpr (kWiden) {
+        float* dst = sc.kbuf.data() + j * D;
+        widen_row<NC>(src, dst, D);
+        sc.krow[j] = dst;
+      } else {
+        sc.krow[j] = src;
+      }
+    }
+    for (int j = n; j < TILE; ++j) sc.krow[j] = sc.zero.data();
+  }
+  // Scores (log2 units); causally masked and padding entries -inf.
+  for (int64_t r = 0; r < R; ++r) {
+    float* __restrict sr = sbuf + r * TILE;
+    if constexpr (kDp) {
+#if defined(__AVX512BF16__)
+      __m512bh qv[NC / 2];
+      for (int c = 0; c < NC / 2; ++c)
+        qv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(qb + r * D + 32 * c));
+      const v16f sc16 = splat(qscale);
+      const uint16_t* const* kr = reinterpret_cast<const uint16_t* const*>(sc.krow.data());
+      for (int j = 0; j < n; j += 16) store16(sr + j, dot16_bf16<NC>(qv, kr + j) * sc16);
+#endif
+    } else if constexpr (NC > 0) {
+      const float* __restrict qr = qf + r * D;
+      v16f qv[NC];
+      for (int c = 0; c < NC; ++c) qv[c] = load16(qr + 16 * c);
+      for (int j = 0; j < n; j += 16) store16(sr + j, dot16<NC>(qv, sc.krow.data() + j));
+    } else {
+      const float* __restrict qr = qf + r * D;
+      for (int j = 0; j < n; ++j) {
+        const float* __restrict kr = sc.krow[j];
+        float dot = 0.0f;
+        for (int64_t d = 0; d < D; ++d) dot += qr[d] * kr[d];
+        sr[j] = dot;
+      }
+    }
+    const int valid = static_cast<int>(std::clamp<int64_t>(lim[r] - j0, 0, n));
+    for (int j = valid; j < TILE; ++j) sr[j] = -std::numeric_limits<float>::infinity();
+  }
+  // Online softmax: one max / exp / rescale per row per tile.
+  for (int64_t r = 0; r < R; ++r) {
+    float* __restrict sr = sbuf + r * TILE;
+    const float mx = std::max(mrow[r], hmax_tile(sr));
+    if (mx == -std::numeric_limits<float>::infinity()) {  // nothing visible yet
+      for (int j = 0; j < TILE; ++j) sr[j] = 0.0f;
+      alpha[r] = 1.0f;
+      continue;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < TILE; ++j) {
+      const float e = exp2_neg(sr[j] - mx);
+      sr[j] = e;
+      sum += e;
+    }
+    alpha[r] = mx != mrow[r] ? exp2_neg(mrow[r] - mx) : 1.0f;
+    lrow[r] = lrow[r] * alpha[r] + sum;
+    mrow[r] = mx;
+  }
+  // acc = acc * alpha + P V.
+  if constexpr (NC > 0) {
+    const S** vr = reinterpret_cast<const S**>(sc.vrow.data());
+    for (int j = 0; j < n; ++j) vr[j] = vc + sc.slot[j] + head_off;
+    constexpr int RB = NC <= 4 ? 4 : 2;  // rows per block: 16 accumulator registers
+    int64_t r = 0;
+    for (; r + RB <= R; r += RB) pv_block<NC, RB>(acc, sbuf, alpha, r, n, vr);
+    if (R - r == 1) pv_block<NC, 1>(acc, sbuf, alpha, r, n, vr);
+    if constexpr (RB > 2) {
+      if (R - r == 2) pv_block<NC, 2>(acc, sbuf, alpha, r, n, vr);
+      if (R - r == 3) pv_block<NC, 3>(acc, sbuf, alpha, r, n, vr);
+    }
+  } else {
+    for (int j = 0; j < n; ++j) {
+      const S* src = vc + sc.slot[j] + head_off;
+      if constexpr (kWiden) {
+        float* dst = sc.vbuf.data() + j * D;
+        widen_row<NC>(src, dst, D);
+        sc.vrow[j] = dst;
+      } else {
+        sc.vrow[j] = src;
+      }
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      const float* __restrict pr = sbuf + r * TILE;
+      float* __restrict ar = acc + r * D;
+      if (alpha[r] != 1.0f)
+        for (int64_t d = 0; d < D; ++d) ar[d] *= alpha[r];
+      for (int j = 0; j < n; ++j) {
+        const float pj = pr[j];
+        const float* __restrict vrow = static_cast<const float*>(sc.vrow[j]);
+        for (int64_t d = 0; d < D; ++d) ar[d] += pj * vrow[d];
+      }
+    }
+  }
+}
+
+// One work item: all heads of a run of query tokens over the keys [it.k0, it.k1).
+template <typename T, int NC>
+void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
+  using S = typename Elem<T>::storage;
+  const int64_t D = NC > 0 ? 16 * NC : p.head_dim;
+  const int64_t G = p.group, H = p.num_heads, KVH = p.num_kv_heads;
+  const int64_t RG = static_cast<int64_t>(run.m) * G;  // rows per KV head
+  const int64_t R = RG * KVH;
+
+  float* __restrict qf = sc.q.data();
+  uint16_t* __restrict qb = sc.qb.data();
+  float* __restrict acc = sc.acc.data();
+  float* __restrict sbuf = sc.s.data();
+  float* __restrict mrow = sc.m.data();
+  float* __restrict lrow = sc.l.data();
+  float* __restrict alpha = sc.alpha.data();
+  int32_t* __restrict lim = sc.lim.data();
+
+  const S* __restrict qsrc = static_cast<const S*>(p.q);
+  for (int64_t kvh = 0; kvh < KVH; ++kvh) {
+    for (int64_t i = 0; i < run.m; ++i) {
+      const int64_t t = run.t0 + i;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t r = kvh * RG + i * G + g;
+        const S* src = qsrc + (t * H + kvh * G + g) * D;
+        float* dst = qf + r * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = Elem<T>::load(src[d]) * p.qscale;
+        if constexpr (!std::is_same<T, float>::value) std::memcpy(qb + r * D, src, D * sizeof(S));
+        lim[r] = p.token_pos[t] + 1;
+        mrow[r] = -std::numeric_limits<float>::infinity();
+        lrow[r] = 0.0f;
+      }
+    }
+  }
+  std::fill(acc, acc + R * D, 0.0f);
+
+  const S* __restrict kc = static_cast<const S*>(p.k_cache);
+  const S* __restrict vc = static_cast<const S*>(p.v_cache);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(run.seq) * p.max_blocks;
+  const int64_t bs = p.block_size;
+  const int64_t slot_elems = KVH * D;  // K (or V) of one slot, all KV heads: contiguous
+  const int64_t slot_bytes = slot_elems * static_cast<int64_t>(sizeof(S));
+  const int64_t kend = std::min<int64_t>(it.k1, run.max_len);
+
+  // Element offsets of the slots of keys [j0, j0 + n) (one division per tile, not per key).
+  auto fill_slots = [&](int64_t j0, int n, int64_t* out) {
+    int64_t blk = j0 / bs, off = j0 % bs;
+    for (int j = 0; j < n; ++j) {
+      out[j] = (static_cast<int64_t>(table[blk]) * bs + off) * slot_elems;
+      if (++off == bs) {
+        off = 0;
+        ++blk;
+      }
+    }
+  };
+  // Software prefetch of the slots PREFETCH_KEYS keys ahead of the tile being computed: a
+  // sequence's blocks are scattered over the pool, out of reach of the hardware prefetchers.
+  int64_t pf_pos = it.k0;
+  auto prefetch_until = [&](int64_t end) {
+    end = std::min(end, kend);
+    if (pf_pos >= end) return;
+    int64_t blk = pf_pos / bs, off = pf_pos % bs;
+    for (; pf_pos < end; ++pf_pos) {
+      const int64_t e = (static_cast<int64_t>(table[blk]) * bs + off) * slot_elems;
+      const char* kp = reinterpret_cast<const char*>(kc + e);
+      const char* vp = reinterpret_cast<const char*>(vc + e);
+      for (int64_t b = 0; b < slot_bytes; b += 64) {
+        __builtin_prefetch(kp + b);
+        __builtin_prefetch(vp + b);
+      }
+      if (++off == bs) {
+        off = 0;
+        ++blk;
+      }
+    }
+  };
+  prefetch_until(it.k0 + PREFETCH_KEYS);
+  for (int64_t j0 = it.k0; j0 < kend; j0 += TILE) {
+    const int n = static_cast<int>(std::min<int64_t>(TILE, kend - j0));
+    fill_slots(j0, n, sc.slot.data());
+    prefetch_until(j0 + TILE + PREFETCH_KEYS);
+    for (int64_t kvh = 0; kvh < KVH; ++kvh) {
+      const int64_t r0 = kvh * RG;
+      tile_head<T, NC>(sc, kc, vc, kvh * D, D, j0, n, RG, qf + r0 * D, qb + r0 * D, p.qscale,
+                       acc + r0 * D, sbuf + r0 * TILE, mrow + r0, lrow + r0, alpha + r0,
+                       lim + r0);
+    }
+  }
+
+  // Write back: normalised output (single partition) or partial state.
+  for (int64_t kvh = 0; kvh < KVH; ++kvh) {
+    for (int64_t i = 0; i < run.m; ++i) {
+      const int64_t t = run.t0 + i;
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t r = kvh * RG + i * G + g;
+        const int64_t h = kvh * G + g;
+        const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
+        const float* ar = acc + r * D;
+        if (p.num_parts == 1) {
+          S* dst = static_cast<S*>(p.out) + (t * H + h) * D;
+          for (int64_t d = 0; d < D; ++d) dst[d] = Elem<T>::store(ar[d] * inv);
+        } else {
+          const int64_t idx = (t * H + h) * p.num_parts + it.part;
+          float* dst = p.part_out + idx * D;
+          for (int64_t d = 0; d < D; ++d) dst[d] = ar[d] * inv;
+          p.part_ml[idx * 2] = mrow[r];
+          p.part_ml[idx * 2 + 1] = lrow[r];
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void merge_parts(const Params& p, int64_t num_tokens) {
+  using S = typename Elem<T>::storage;
+  const int64_t D = p.head_dim;
+  const int64_t P = p.num_parts;
+  at::parallel_for(0, num_tokens * p.num_heads, 16, [&](int64_t b, int64_t e) {
+    std::vector<float> o(D);
+    for (int64_t th = b; th < e; ++th) {
+      const float* ml = p.part_ml + th * P * 2;
+      float M = -std::numeric_limits<float>::infinity();
+      for (int64_t q = 0; q < P; ++q) M = std::max(M, ml[q * 2]);
+      std::fill(o.begin(), o.end(), 0.0f);
+      float L = 0.0f;
+      for (int64_t q = 0; q < P; ++q) {
+        const float l = ml[q * 2 + 1];
+        if (l == 0.0f) continue;  // partition beyond this token's context
+        const float w = exp2_neg(ml[q * 2] - M) * l;
+        L += w;
+        const float* src = p.part_out + (th * P + q) * D;
+        for (int64_t d = 0; d < D; ++d) o[d] += w * src[d];
+      }
+      const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+      S* dst = static_cast<S*>(p.out) + th * D;
+      for (int64_t d = 0; d < D; ++d) dst[d] = Elem<T>::store(o[d] * inv);
+    }
+  });
+}
+
+template <typename T, int NC>
+void launch(const Params& p, const std::vector<Run>& runs, const std::vector<Item>& items,
+            int64_t num_tokens) {
+  const int64_t D = p.head_dim;
+  int32_t max_m = 1;
+  for (const Run& r : runs) max_m = std::max(max_m, r.m);
+  const int64_t max_rows = static_cast<int64_t>(max_m) * p.num_heads;
+  std::atomic<int64_t> next{0};
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  const int64_t n_tasks = std::min<int64_t>(at::get_num_threads(), n_items);
+  at::parallel_for(0, n_tasks, 1, [&](int64_t, int64_t) {
+    // Scratch lives as long as the (persistent) pool thread and only grows.
+    thread_local Scratch sc;
+    auto grow = [](auto& v, int64_t n) {
+      if (static_cast<int64_t>(v.size()) < n) v.resize(n);
+    };
+    grow(sc.q, max_rows * D);
+    grow(sc.qb, max_rows * D);
+    grow(sc.acc, max_rows * D);
+    grow(sc.s, max_rows * TILE);
+    grow(sc.m, max_rows);
+    grow(sc.l, max_rows);
+    grow(sc.lim, max_rows);
+    grow(sc.alpha, max_rows);
+    grow(sc.zero, D);  // value-initialised: zeros, never written
+    grow(sc.kbuf, TILE * D);
+    grow(sc.vbuf, TILE * D);
+    grow(sc.krow, TILE);
+    grow(sc.vrow, TILE);
+    grow(sc.slot, TILE);
+    for (;;) {
+      const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= n_items) break;
+      const Item& it = items[i];
+      run_item<T, NC>(p, runs[it.run], it, sc);
+    }
+  });
+  if (p.num_parts > 1) merge_parts<T>(p, num_tokens);
+}
+
+template <typename T>
+void dispatch_dim(const Params& p, const std::vector<Run>& runs, const std::vector<Item>& items,
+                  int64_t num_tokens) {
+  switch (p.head_dim) {
+    case 64: launch<T, 4>(p, runs, items, num_tokens); break;
+    case 128: launch<T, 8>(p, runs, items, num_tokens); break;
+    default: launch<T, 0>(p, runs, items, num_tokens); break;
+  }
+}
+
+}  // namespace
+
+// q [T, H, D]; k_cache, v_cache [num_slots, KVH, D]; block_tables [B, max_blocks] int32;
+// token_seq, token_pos [T] int32. Returns [T, H * D] in q's dtype.
+// max_parts: upper bound on key partitions per run (0: choose automatically, 1: never split).
+at::Tensor paged_attention_short(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                    at::Tensor block_tables, at::Tensor token_seq,
+                                    at::Tensor token_pos, int64_t block_size, double scale,
+                                    int64_t max_parts) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3,
+              "q, k_cache, v_cache must be 3-D");
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+              "CPU tensors only");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
+              "q must be float32 or bfloat16");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() &&
+                  v_cache.scalar_type() == q.scalar_type(),
+              "k_cache / v_cache must have q's dtype");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "q, k_cache, v_cache must be contiguous");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache shapes differ");
+  TORCH_CHECK(block_tables.scalar_type() == at::kInt && token_seq.scalar_type() == at::kInt &&
+                  token_pos.scalar_type() == at::kInt,
+              "block_tables, token_seq, token_pos must be int32");
+  TORCH_CHECK(block_tables.dim() == 2 && block_tables.is_contiguous(),
+              "block_tables must be a contiguous [num_seqs, max_blocks] tensor");
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t KVH = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == D, "head_dim mismatch between q and the cache");
+  TORCH_CHECK(KVH > 0 && H % KVH == 0, "num_heads must be a multiple of num_kv_heads");
+  TORCH_CHECK(token_seq.numel() == T && token_pos.numel() == T,
+              "token_seq / token_pos must have one entry per query token");
+  TORCH_CHECK(block_size > 0, "block_size must be positive");
+  // Let other Python threads (e.g. a server's event loop) run during the kernel.
+  pybind11::gil_scoped_release no_gil;
+  auto tseq = token_seq.contiguous();
+  auto tpos = token_pos.contiguous();
+  auto out = at::empty({T, H, D}, q.options());
+  if (T == 0) return out.view({T, H * D});
+
+  const int64_t B = block_tables.size(0), MB = block_tables.size(1);
+  const int64_t num_slots = k_cache.size(0);
+  const int32_t* seq_p = tseq.data_ptr<int32_t>();
+  const int32_t* pos_p = tpos.data_ptr<int32_t>();
+  const int32_t* bt = block_tables.data_ptr<int32_t>();
+
+  // Runs of consecutive tokens of one sequence; validate every block they will read.
+  std::vector<Run> runs;
+  int64_t max_len = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t s = seq_p[t];
+    const int64_t len = static_cast<int64_t>(pos_p[t]) + 1;
+    TORCH_CHECK(s >= 0 && s < B, "token_seq out of range");
+    TORCH_CHECK(len >= 1 && len <= MB * block_size, "token_pos out of range of the block table");
+    if (!runs.empty() && runs.back().seq == s && runs.back().m < MAX_RUN_TOKENS) {
+      runs.back().m += 1;
+      runs.back().max_len = std::max<int32_t>(runs.back().max_len, static_cast<int32_t>(len));
+    } else {
+      runs.push_back(Run{static_cast<int32_t>(t), 1, s, static_cast<int32_t>(len)});
+    }
+    max_len = std::max(max_len, len);
+  }
+  for (const Run& r : runs) {
+    const int64_t nb = (r.max_len + block_size - 1) / block_size;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t blk = bt[r.seq * MB + b];
+      TORCH_CHECK(blk >= 0 && (blk + 1) * block_size <= num_slots,
+                  "block table entry out of range of the cache");
+    }
+  }
+
+  // Key partitions: split only when there are too few runs for the threads.
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t base_items = static_cast<int64_t>(runs.size());
+  int64_t part_len = max_len;
+  if (max_parts != 1 && threads > 1 && base_items < 4 * threads && max_len >= 2 * MIN_PART_KEYS) {
+    int64_t want = (4 * threads + base_items - 1) / base_items;
+    want = std::min(want, max_len / MIN_PART_KEYS);
+    if (max_parts > 1) want = std::min(want, max_parts);
+    if (want > 1) {
+      part_len = (max_len + want - 1) / want;
+      part_len = (part_len + TILE - 1) / TILE * TILE;
+    }
+  }
+  const int64_t P = (max_len + part_len - 1) / part_len;
+
+  std::vector<Item> items;
+  items.reserve(base_items * P);
+  for (int32_t ri = 0; ri < static_cast<int32_t>(runs.size()); ++ri) {
+    const Run& r = runs[ri];
+    for (int64_t pi = 0; pi < P; ++pi) {
+      const int64_t k0 = pi * part_len;
+      const int64_t k1 = std::max(k0, std::min<int64_t>(k0 + part_len, r.max_len));
+      // Empty partitions still run (they record l = 0) so that every partial slot is written.
+      const int64_t cost = (k1 - k0) * r.m + 16;
+      items.push_back(Item{ri, static_cast<int32_t>(pi), static_cast<int32_t>(k0),
+                           static_cast<int32_t>(k1), cost});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+
+  at::Tensor part_out, part_ml;
+  Params p{};
+  p.q = q.data_ptr();
+  p.k_cache = k_cache.data_ptr();
+  p.v_cache = v_cache.data_ptr();
+  p.block_tables = bt;
+  p.token_pos = pos_p;
+  p.out = out.data_ptr();
+  p.num_heads = H;
+  p.num_kv_heads = KVH;
+  p.group = H / KVH;
+  p.head_dim = D;
+  p.max_blocks = MB;
+  p.block_size = block_size;
+  p.num_parts = P;
+  p.qscale = static_cast<float>(scale * 1.4426950408889634);
+  if (P > 1) {
+    part_out = at::empty({T, H, P, D}, q.options().dtype(at::kFloat));
+    part_ml = at::empty({T, H, P, 2}, q.options().dtype(at::kFloat));
+    p.part_out = part_out.data_ptr<float>();
+    p.part_ml = part_ml.data_ptr<float>();
+  }
+  if (q.scalar_type() == at::kFloat) {
+    dispatch_dim<float>(p, runs, items, T);
+  } else {
+    dispatch_dim<c10::BFloat16>(p, runs, items, T);
+  }
+  return out.view({T, H * D});
+}

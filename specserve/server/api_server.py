@@ -1,0 +1,179 @@
+"""The OpenAI-compatible HTTP server: app factory, routes, and the process entry point.
+
+    python -m specserve.server.api_server [model] [--port 8000] [--api-key KEY] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import logging
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from specserve.engine.llm_engine import LLMEngine
+from specserve.server.async_engine import AsyncEngine
+from specserve.server.errors import APIError, error_response, install_error_handlers
+from specserve.server.metrics import CONTENT_TYPE, ServerMetrics
+from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from specserve.server.serving import OpenAIServing
+
+logger = logging.getLogger("specserve.server")
+
+
+def _require_json(request: Request) -> None:
+    """415 for a body labelled as anything but JSON (an unlabelled one is parsed as JSON)."""
+    content_type = request.headers.get("content-type")
+    if content_type is None:
+        return
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    if media_type != "application/json" and not media_type.endswith("+json"):
+        raise APIError(415, f"Content-Type must be application/json, not {content_type!r}")
+
+
+router = APIRouter()
+_json_body = [Depends(_require_json)]
+
+
+def _state(request: Request):
+    return request.app.state
+
+
+@router.get("/health")
+async def health(request: Request) -> Response:
+    engine: AsyncEngine = _state(request).engine
+    if not engine.accepting:
+        return error_response(503, "the engine is not serving" if engine.dead is None
+                              else f"the engine failed: {engine.dead!r}")
+    return JSONResponse({"status": "ok"})
+
+
+@router.get("/stats")
+async def stats(request: Request) -> JSONResponse:
+    """The engine's latest stats snapshot (KV blocks, queue lengths, token counts)."""
+    engine: AsyncEngine = _state(request).engine
+    return JSONResponse({**engine.stats, "num_requests_in_flight": engine.num_in_flight})
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> ModelList:
+    serving: OpenAIServing = _state(request).serving
+    return ModelList(data=[ModelCard(id=serving.model_name, max_model_len=serving.max_model_len)])
+
+
+@router.post("/v1/completions", dependencies=_json_body)
+async def create_completion(body: CompletionRequest, request: Request) -> Response:
+    return await _state(request).serving.completions(body, request)
+
+
+@router.post("/v1/chat/completions", dependencies=_json_body)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    return await _state(request).serving.chat(body, request)
+
+
+class ApiKeyMiddleware:
+    """Bearer-token check on /v1 routes, before the body is even read (so a bad key is a 401
+    whatever else is wrong). /health, /stats and /metrics stay open for probes and scrapers."""
+
+    def __init__(self, app: ASGIApp, api_key: str):
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1") \
+                and scope["method"] != "OPTIONS":
+            given = Headers(scope=scope).get("authorization", "").encode()
+            if not hmac.compare_digest(given, self._expected):  # constant time
+                response = error_response(401, "Missing or incorrect API key. Send it as "
+                                               "'Authorization: Bearer <key>'.",
+                                          code="invalid_api_key")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
+              api_key: str | None = None, max_queue: int | None = 256) -> FastAPI:
+    """The FastAPI app around a loaded engine. The engine thread starts with the app's lifespan
+    and stops with it, aborting whatever is still running."""
+    model_name = served_model_name or engine.model_name
+    server_metrics = ServerMetrics(model_name, stats=lambda: async_engine.stats)
+    async_engine = AsyncEngine(engine, max_queue=max_queue, observer=server_metrics.observe)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async_engine.start()
+        logger.info("serving %s (max_model_len %d)", model_name, engine.max_model_len)
+        try:
+            yield
+        finally:
+            # uvicorn has stopped accepting and waited for open responses; abort the rest.
+            await async_engine.shutdown()
+
+    app = FastAPI(title="specserve", lifespan=lifespan)
+    app.state.engine = async_engine
+    app.state.metrics = server_metrics
+    app.state.serving = OpenAIServing(async_engine, model_name)
+    install_error_handlers(app)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.include_router(router)
+    return app
+
+
+def _exit_normally_after_signals() -> None:
+    """uvicorn handles SIGINT/SIGTERM itself (stop accepting, drain open responses, lifespan
+    shutdown) and then re-raises the signal to whatever handler was installed before it
+    started. A no-op handler there makes a graceful stop end with exit status 0."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+
+
+def run_server(args: argparse.Namespace) -> None:
+    from specserve.cli import engine_kwargs
+    from specserve.llm import build_engine_config
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = LLMEngine(build_engine_config(args.model, **engine_kwargs(args)))
+    logger.info("loaded %s in %.1fs: %d KV blocks", engine.model_name, engine.load_time,
+                engine.block_manager.num_blocks)
+    app = build_app(engine, served_model_name=args.served_model_name, api_key=args.api_key,
+                    max_queue=args.max_queue)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=args.access_log,
+                            timeout_graceful_shutdown=args.shutdown_timeout)
+    _exit_normally_after_signals()
+    uvicorn.Server(config).run()
+
+
+def main(argv: list[str] | None = None) -> None:
+    from specserve.server.cli import add_serve_args
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    parser = argparse.ArgumentParser(prog="python -m specserve.server.api_server",
+                                     description="OpenAI-compatible server")
+    add_serve_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        run_server(args)
+    except ValueError as exc:  # bad engine flags
+        sys.exit(f"specserve: error: {exc}")
+
+
+if __name__ == "__main__":
+    main()

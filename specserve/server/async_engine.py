@@ -1,0 +1,373 @@
+"""Drive the single-threaded LLMEngine from asyncio.
+
+One background thread owns the engine: it alone calls add_request / step / abort_request, so the
+engine needs no locks. The event loop talks to it only by messages. Commands (add, abort, call,
+stop) go into an inbox guarded by a condition variable; the engine thread drains the inbox before
+every step and sleeps on the condition when it has nothing to do. Outputs travel back once per
+step through `loop.call_soon_threadsafe`, into one asyncio.Queue per API request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from specserve.engine.llm_engine import LLMEngine
+from specserve.outputs import RequestOutput
+from specserve.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+# Called on the engine thread for every output, with the seconds since that request's previous
+# output (None for its first); used for latency metrics.
+OutputObserver = Callable[[RequestOutput, float | None], None]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop crashed; no request can be served any more."""
+
+
+class EngineClosedError(RuntimeError):
+    """The server is shutting down and takes no new requests."""
+
+
+class QueueFullError(RuntimeError):
+    """More requests are waiting than the server is willing to queue."""
+
+
+class RequestAborted(RuntimeError):
+    """The engine dropped the request before it finished (shutdown)."""
+
+
+class OutputStream:
+    """The outputs of one API request, which may fan out to several engine requests (n choices,
+    or a batch of prompts). Iterating yields `(index, output)`, index into `request_ids`, until
+    every one has finished. Closing it aborts the ones still running."""
+
+    def __init__(self, owner: AsyncEngine, request_ids: list[str]):
+        self.request_ids = request_ids
+        self._owner = owner
+        self._queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException] = asyncio.Queue()
+        self._unfinished = set(range(len(request_ids)))
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> tuple[int, RequestOutput]:
+        if not self._unfinished and self._queue.empty():
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        """Abort whatever has not finished; idempotent. The KV blocks are freed on the engine
+        thread before its next step."""
+        if self._unfinished:
+            ids = [self.request_ids[i] for i in self._unfinished]
+            self._owner._release(len(self._unfinished))
+            self._unfinished.clear()
+            self._owner._submit(_Abort(ids))
+
+    # ---- event-loop side of delivery --------------------------------------------------------
+    def _put(self, index: int, out: RequestOutput) -> None:
+        if index not in self._unfinished:
+            return  # closed by the consumer meanwhile
+        self._queue.put_nowait((index, out))
+        if out.finished:
+            self._unfinished.discard(index)
+            self._owner._release(1)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._unfinished:
+            self._owner._release(len(self._unfinished))
+            self._unfinished.clear()
+            self._queue.put_nowait(exc)
+
+
+# ---- commands for the engine thread -------------------------------------------------------------
+@dataclass(slots=True)
+class _Add:
+    output: OutputStream
+    prompts: Sequence[str | list[int]]
+    params: Sequence[SamplingParams]
+    stream_text: bool
+    done: asyncio.Future
+
+
+@dataclass(slots=True)
+class _Abort:
+    request_ids: list[str]
+
+
+@dataclass(slots=True)
+class _Call:
+    fn: Callable[..., Any]
+    args: tuple
+    done: asyncio.Future
+
+
+@dataclass(slots=True)
+class _Stop:
+    pass
+
+
+@dataclass(slots=True)
+class _Route:
+    """Where the outputs of one engine request go (engine-thread state)."""
+
+    stream: OutputStream
+    index: int
+    last_output_time: float | None = None
+
+
+@dataclass
+class _Inbox:
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    commands: list[_Add | _Abort | _Call | _Stop] = field(default_factory=list)
+
+
+class AsyncEngine:
+    """asyncio front of an LLMEngine running in its own thread."""
+
+    def __init__(self, engine: LLMEngine, max_queue: int | None = None,
+                 observer: OutputObserver | None = None):
+        self.engine = engine
+        # Admission limit: what the engine can run at once plus `max_queue` waiting.
+        self.max_in_flight = (None if max_queue is None
+                              else engine.config.scheduler.max_num_seqs + max_queue)
+        self._observer = observer
+        self._inbox = _Inbox()
+        self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._routes: dict[str, _Route] = {}  # engine thread only
+        self._num_in_flight = 0  # event loop only: engine requests accepted and not finished
+        self._idle = asyncio.Event()
+        self._closing = False
+        self._stopped = False  # set (under the inbox lock) when the engine thread exits
+        self.dead: BaseException | None = None
+        # A snapshot of engine.get_stats(), replaced (never mutated) by the engine thread after
+        # every iteration, so that other threads never touch the engine.
+        self.stats: dict = engine.get_stats()
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread; call from inside the event loop that will consume outputs."""
+        self._loop = asyncio.get_running_loop()
+        self._idle.set()
+        self._thread.start()
+
+    @property
+    def accepting(self) -> bool:
+        return not self._closing and self.dead is None and self._thread.is_alive()
+
+    @property
+    def num_in_flight(self) -> int:
+        return self._num_in_flight
+
+    async def shutdown(self, drain_timeout: float = 0.0) -> None:
+        """Refuse new requests, give in-flight ones up to `drain_timeout` seconds to finish,
+        then abort the rest (their consumers get RequestAborted) and stop the thread."""
+        self._closing = True
+        if drain_timeout > 0 and self._num_in_flight:
+            try:
+                await asyncio.wait_for(self._idle.wait(), drain_timeout)
+            except TimeoutError:
+                logger.warning("aborting %d requests still running at shutdown",
+                               self._num_in_flight)
+        if self._thread.is_alive():
+            self._submit(_Stop())
+            await asyncio.to_thread(self._thread.join, 30.0)
+
+    # ---- the API used by request handlers (event loop) ----------------------------------------
+    async def add_requests(self, request_ids: list[str], prompts: Sequence[str | list[int]],
+                           params: Sequence[SamplingParams], stream: bool = False
+                           ) -> OutputStream:
+        """Queue a group of engine requests, all or none. With `stream`, every output carries
+        the text so far (incremental detokenization); otherwise only the final one has text.
+        Raises ValueError for input the engine refuses, QueueFullError past the admission
+        limit, EngineClosedError at shutdown."""
+        if self.dead is not None:
+            raise EngineDeadError("the engine has stopped after an error")
+        if not self.accepting:
+            raise EngineClosedError("the server is shutting down")
+        if self.max_in_flight is not None and len(request_ids) > self.max_in_flight:
+            # Waiting would not help: this request can never be admitted.
+            raise ValueError(f"this request needs {len(request_ids)} sequences (prompts x n), "
+                             f"more than the server admits at once ({self.max_in_flight})")
+        if (self.max_in_flight is not None
+                and self._num_in_flight + len(request_ids) > self.max_in_flight):
+            raise QueueFullError(f"too many requests in flight ({self._num_in_flight}); "
+                                 "retry later")
+        output_stream = OutputStream(self, request_ids)
+        self._num_in_flight += len(request_ids)
+        self._idle.clear()
+        done = self._loop.create_future()
+        self._submit(_Add(output_stream, prompts, params, stream, done))
+        try:
+            await done
+        except BaseException:
+            # Refused (nothing was added) or the caller went away while waiting (abort whatever
+            # the engine thread added meanwhile: the abort is queued behind the add).
+            output_stream.close()
+            raise
+        return output_stream
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` on the engine thread between steps (e.g. tokenization: the tokenizer
+        belongs to the engine) and return its result or raise its exception."""
+        if self.dead is not None:
+            raise EngineDeadError("the engine has stopped after an error")
+        done = self._loop.create_future()
+        self._submit(_Call(fn, args, done))
+        return await done
+
+    # ---- plumbing -----------------------------------------------------------------------------
+    def _submit(self, command: _Add | _Abort | _Call | _Stop) -> None:
+        with self._inbox.cond:
+            if not self._stopped:
+                self._inbox.commands.append(command)
+                self._inbox.cond.notify()
+                return
+        # The engine thread is gone: nobody will ever answer this command.
+        if isinstance(command, _Add | _Call) and not command.done.done():
+            command.done.set_exception(
+                EngineDeadError("the engine has stopped after an error") if self.dead
+                else EngineClosedError("the server is shutting down"))
+
+    def _release(self, n: int) -> None:
+        self._num_in_flight -= n
+        if self._num_in_flight == 0:
+            self._idle.set()
+
+    def _resolve(self, fut: asyncio.Future, result: Any = None,
+                 exc: BaseException | None = None) -> None:
+        """Complete a future from the engine thread (the loop may have cancelled it)."""
+        def complete() -> None:
+            if fut.done():
+                return
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
+        self._loop.call_soon_threadsafe(complete)
+
+    # ---- the engine thread --------------------------------------------------------------------
+    def _run(self) -> None:
+        exit_error: BaseException = RequestAborted("the server is shutting down")
+        try:
+            self._serve()
+        except Exception as exc:
+            logger.exception("the engine loop failed; failing all requests")
+            self.dead = exc
+            exit_error = EngineDeadError(f"the engine failed: {exc!r}")
+        finally:
+            with self._inbox.cond:
+                self._stopped = True
+                leftovers, self._inbox.commands = self._inbox.commands, []
+            self._abort_all(exit_error)
+            for command in leftovers:
+                if isinstance(command, _Add | _Call):
+                    self._resolve(command.done, exc=exit_error)
+
+    def _serve(self) -> None:
+        engine = self.engine
+        while True:
+            stop = False
+            for command in self._take_commands():
+                if isinstance(command, _Stop):
+                    stop = True  # still handle the rest: aborts free blocks, adds get aborted
+                else:
+                    self._handle(command)
+            if stop:
+                return
+            if engine.has_unfinished_requests():
+                self._dispatch(engine.step())
+            self.stats = engine.get_stats()
+
+    def _take_commands(self) -> list[_Add | _Abort | _Call | _Stop]:
+        inbox = self._inbox
+        with inbox.cond:
+            # Sleep (no polling) while there is neither a command nor a request to step.
+            while not inbox.commands and not self.engine.has_unfinished_requests():
+                inbox.cond.wait()
+            commands, inbox.commands = inbox.commands, []
+        return commands
+
+    def _handle(self, command: _Add | _Abort | _Call) -> None:
+        if isinstance(command, _Abort):
+            for rid in command.request_ids:
+                self.engine.abort_request(rid)
+                self._routes.pop(rid, None)
+        elif isinstance(command, _Add):
+            self._add(command)
+        else:
+            try:
+                self._resolve(command.done, command.fn(*command.args))
+            except Exception as exc:
+                self._resolve(command.done, exc=exc)
+
+    def _add(self, command: _Add) -> None:
+        added: list[str] = []
+        try:
+            for rid, prompt, params in zip(command.output.request_ids, command.prompts,
+                                           command.params, strict=True):
+                self.engine.add_request(prompt, params, request_id=rid,
+                                        stream=command.stream_text)
+                added.append(rid)
+        except Exception as exc:  # all or none: take back the ones already queued
+            for rid in added:
+                self.engine.abort_request(rid)
+            self._resolve(command.done, exc=exc)
+            return
+        for index, rid in enumerate(added):
+            self._routes[rid] = _Route(command.output, index)
+        self._resolve(command.done)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        now = time.perf_counter()
+        batch: list[tuple[OutputStream, int, RequestOutput]] = []
+        for out in outputs:
+            route = self._routes.get(out.request_id)
+            if route is None:
+                continue  # aborted by its consumer in the meantime
+            if self._observer is not None:
+                gap = None if route.last_output_time is None else now - route.last_output_time
+                self._observer(out, gap)
+            route.last_output_time = now
+            if out.finished:
+                del self._routes[out.request_id]
+            batch.append((route.stream, route.index, out))
+        if batch:
+            # One wake-up of the event loop per step, however many requests it served.
+            self._loop.call_soon_threadsafe(_deliver, batch)
+
+    def _abort_all(self, exc: BaseException) -> None:
+        streams = {id(r.stream): r.stream for r in self._routes.values()}
+        for rid in list(self._routes):
+            try:
+                self.engine.abort_request(rid)
+            except Exception:  # the engine may be broken; the consumers must still hear of it
+                logger.exception("abort of %s failed", rid)
+        self._routes.clear()
+        self.stats = self._safe_stats()
+        for stream in streams.values():
+            self._loop.call_soon_threadsafe(stream._fail, exc)
+
+    def _safe_stats(self) -> dict:
+        try:
+            return self.engine.get_stats()
+        except Exception:
+            return self.stats
+
+
+def _deliver(batch: list[tuple[OutputStream, int, RequestOutput]]) -> None:
+    for stream, index, out in batch:
+        stream._put(index, out)

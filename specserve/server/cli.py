@@ -1,0 +1,44 @@
+"""`specserve serve`: the OpenAI-compatible server's flags (the engine's come from specserve.cli).
+
+Nothing heavy is imported here: `specserve --help` must stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def add_serve_args(p: argparse.ArgumentParser) -> None:
+    # Imported here, not at the top: specserve.cli imports this module while it loads.
+    from specserve.cli import add_engine_args
+
+    add_engine_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=os.environ.get("SPECSERVE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 routes "
+                        "(default: $SPECSERVE_API_KEY; unset: no authentication)")
+    p.add_argument("--max-queue", type=int, default=256,
+                   help="requests allowed to wait beyond the --max-num-seqs running ones; "
+                        "more get 429")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model name clients must send (default: the model's own name)")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="on SIGTERM, seconds to let open responses finish before aborting them")
+    p.add_argument("--log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+
+
+def _serve(args: argparse.Namespace) -> None:
+    from specserve.server.api_server import run_server
+
+    run_server(args)
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    add_serve_args(p)
+    p.set_defaults(func=_serve)
+    return p

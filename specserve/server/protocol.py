@@ -1,0 +1,318 @@
+"""OpenAI API request and response models (completions, chat completions, models).
+
+Scalars are strict: `"max_tokens": "5"` or `"stream": 1` is a 400, not silently coerced. Unknown
+fields are ignored, as OpenAI's API and vLLM do, but known features we do not implement (penalties,
+logit_bias, echo, tools, ...) are refused rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from specserve.sampling_params import SamplingParams
+
+MAX_N = 128  # OpenAI's limit on choices per request
+MAX_LOGPROBS = 20
+_INT32_MAX = 2**31 - 1
+
+
+def one_of(description: str) -> WrapValidator:
+    """For a union field: one clear sentence instead of pydantic's error per union member."""
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("invalid_value", f"should be {description}") from None
+    return WrapValidator(validate)
+
+
+PositiveInt = Annotated[StrictInt, Field(ge=1)]
+TokenId = Annotated[StrictInt, Field(ge=0, le=_INT32_MAX)]
+SpecTokens = Annotated[StrictInt, Field(ge=0, le=16)]
+
+
+class OpenAIModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---- requests -------------------------------------------------------------------------------
+class StreamOptions(OpenAIModel):
+    include_usage: StrictBool = False
+
+
+class SpeculationOptions(OpenAIModel):
+    num_speculative_tokens: SpecTokens
+
+
+class SamplingRequest(OpenAIModel):
+    """Fields shared by completions and chat completions."""
+
+    model: StrictStr | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=MAX_N)] = 1
+    temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
+    seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)] | None = None
+    stop: Annotated[StrictStr | list[StrictStr] | None,
+                    one_of("a string or a list of strings")] = None
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    user: StrictStr | None = None
+    # Accepted only at their neutral values: we do not implement them.
+    presence_penalty: StrictFloat | None = None
+    frequency_penalty: StrictFloat | None = None
+    logit_bias: dict[str, StrictFloat] | None = None
+    # Extensions (vLLM's names where vLLM has them).
+    top_k: Annotated[StrictInt, Field(ge=-1, le=_INT32_MAX)] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
+    ignore_eos: StrictBool = False
+    stop_token_ids: list[TokenId] | None = None
+    skip_special_tokens: StrictBool = True
+    include_stop_str_in_output: StrictBool = False
+    # Speculative decoding for this request: K (0 = off) or {"num_speculative_tokens": K}.
+    speculation: Annotated[SpecTokens | SpeculationOptions | None,
+                           one_of("an integer 0..16 or an object with num_speculative_tokens "
+                                  "0..16")] = None
+
+    @model_validator(mode="after")
+    def _check_common(self) -> SamplingRequest:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed when stream is true")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) not in (None, 0):
+                raise ValueError(f"{name} is not supported")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        spec = self.speculation
+        if isinstance(spec, SpeculationOptions):
+            spec = spec.num_speculative_tokens
+        return SamplingParams(
+            n=1,  # the server fans out n engine requests
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=self.top_k or 0, seed=self.seed, max_tokens=max_tokens,
+            min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
+            ignore_eos=self.ignore_eos, logprobs=logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            num_speculative_tokens=spec)
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: Annotated[StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]],
+                      one_of("a string, a list of strings, a list of token ids or a list of "
+                             "lists of token ids")]
+    max_tokens: PositiveInt | None = 16
+    logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    echo: StrictBool = False
+    suffix: StrictStr | None = None
+    best_of: StrictInt | None = None
+
+    @model_validator(mode="after")
+    def _check_completion(self) -> CompletionRequest:
+        if self.echo:
+            raise ValueError("echo is not supported")
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported (it may only equal n)")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """The batch of prompts: one string, a list of strings, token ids, or lists of them."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]
+        if not p:
+            raise ValueError("prompt must not be empty")
+        return list(p)
+
+
+class TextPart(OpenAIModel):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(OpenAIModel):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Annotated[StrictStr | list[TextPart] | None,
+                       one_of("a string or a list of parts of type text")] = None
+    name: StrictStr | None = None
+    tool_call_id: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _check_content(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
+    def to_template_dict(self) -> dict:
+        """What the chat template sees: content flattened to one string."""
+        content = self.content or ""
+        if not isinstance(content, str):
+            content = "\n".join(part.text for part in content)
+        message = {"role": self.role, "content": content}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: PositiveInt | None = None  # deprecated by OpenAI for max_completion_tokens
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: StrictBool = False
+    top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    tools: list[dict] | None = None
+    tool_choice: StrictStr | dict | None = None
+    response_format: dict | None = None
+
+    @model_validator(mode="after")
+    def _check_chat(self) -> ChatCompletionRequest:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs requires logprobs to be true")
+        if self.tools or self.tool_choice not in (None, "none", "auto"):
+            raise ValueError("tools are not supported")
+        if self.response_format and self.response_format.get("type") != "text":
+            raise ValueError("only response_format {\"type\": \"text\"} is supported")
+        return self
+
+    @property
+    def output_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+# ---- responses --------------------------------------------------------------------------------
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer
+    def _omit_unset(self) -> dict:
+        # OpenAI sends {"role": ...} once, then {"content": ...}, then {}: absent, not null.
+        return {k: v for k, v in (("role", self.role), ("content", self.content))
+                if v is not None}
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    owned_by: str = "specserve"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

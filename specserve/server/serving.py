@@ -1,0 +1,361 @@
+"""The OpenAI endpoints' logic: request -> engine requests -> JSON response or SSE stream.
+
+One API request fans out to one engine request per (prompt, choice); their outputs come back
+through one OutputStream, tagged with the choice index. Whatever way a response ends (done, the
+client hung up, the server is stopping) the stream is closed, which aborts the engine requests
+still running so that their KV blocks are freed before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from jinja2 import TemplateError
+from pydantic import BaseModel
+from starlette.types import Receive, Scope, Send
+
+from specserve.engine.llm_engine import LLMEngine
+from specserve.outputs import CompletionOutput, RequestOutput
+from specserve.sampling_params import SamplingParams
+from specserve.server.async_engine import (
+    AsyncEngine,
+    EngineClosedError,
+    EngineDeadError,
+    OutputStream,
+    QueueFullError,
+    RequestAborted,
+)
+from specserve.server.errors import APIError, error_body
+from specserve.server.protocol import (
+    ChatChoice,
+    ChatChoiceLogprobs,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    TokenLogprob,
+    TopLogprob,
+    UsageInfo,
+)
+
+_U64_MASK = 2**64 - 1
+# nginx's code for "client closed request": never seen by the client, only in access logs.
+_CLIENT_CLOSED = 499
+
+
+class OpenAIServing:
+    """Completions and chat completions over an AsyncEngine."""
+
+    def __init__(self, engine: AsyncEngine, model_name: str):
+        self.engine = engine
+        self.model_name = model_name
+        self.max_model_len = engine.engine.max_model_len
+        self._tokenizer = engine.engine.tokenizer
+        # Decoding single ids only reads the tokenizer, so the event loop may do it.
+        self._token_text = functools.lru_cache(maxsize=1 << 16)(self._decode_token)
+
+    # ---- endpoints ----------------------------------------------------------------------------
+    async def completions(self, req: CompletionRequest, raw: Request) -> Response:
+        self.check_model(req.model)
+        prompts = req.prompts()
+        # Tokenize on the engine thread: the tokenizer belongs to the engine.
+        prompt_ids = await self.engine.call(_tokenize_all, self.engine.engine, prompts)
+        for ids in prompt_ids:
+            self._check_length(len(ids), req.max_tokens)
+        params = req.to_sampling_params(req.max_tokens, req.logprobs)
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        stream = await self._submit(request_id, prompt_ids, params, req.n, req.stream)
+        num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
+        if req.stream:
+            events = self._completion_events(request_id, req, stream, num_prompt_tokens)
+            return EventStreamResponse(events, stream)
+        outputs = await _collect(stream, raw)
+        if outputs is None:
+            return Response(status_code=_CLIENT_CLOSED)
+        choices = []
+        for i, out in enumerate(outputs):
+            c = out.outputs[0]
+            logprobs = (None if c.logprobs is None
+                        else self._completion_logprobs(c.token_ids, c.logprobs, 0))
+            choices.append(CompletionChoice(index=i, text=c.text, logprobs=logprobs,
+                                            finish_reason=c.finish_reason,
+                                            stop_reason=c.stop_reason))
+        body = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
+                                  usage=_usage(num_prompt_tokens, outputs))
+        return _json(body)
+
+    async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
+        self.check_model(req.model)
+        messages = [m.to_template_dict() for m in req.messages]
+        prompt_ids = await self.engine.call(_render_chat, self.engine.engine, messages)
+        self._check_length(len(prompt_ids), req.output_limit)
+        params = req.to_sampling_params(req.output_limit, req.num_logprobs)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream)
+        if req.stream:
+            events = self._chat_events(request_id, req, stream, len(prompt_ids))
+            return EventStreamResponse(events, stream)
+        outputs = await _collect(stream, raw)
+        if outputs is None:
+            return Response(status_code=_CLIENT_CLOSED)
+        choices = []
+        for i, out in enumerate(outputs):
+            c = out.outputs[0]
+            logprobs = (None if c.logprobs is None
+                        else self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0))
+            choices.append(ChatChoice(index=i, message=ChatResponseMessage(content=c.text),
+                                      logprobs=logprobs, finish_reason=c.finish_reason,
+                                      stop_reason=c.stop_reason))
+        body = ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
+                                      usage=_usage(len(prompt_ids), outputs))
+        return _json(body)
+
+    # ---- validation and submission ------------------------------------------------------------
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_name:
+            raise APIError(404, f"The model `{model}` does not exist.", param="model",
+                           code="model_not_found")
+
+    def _check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
+        """Refuse up front what cannot fit, rather than silently cutting the output short."""
+        if num_prompt_tokens >= self.max_model_len:
+            raise APIError(400, f"This model's maximum context length is {self.max_model_len} "
+                                f"tokens, but the prompt has {num_prompt_tokens} tokens.",
+                           param="prompt", code="context_length_exceeded")
+        if max_tokens is not None and num_prompt_tokens + max_tokens > self.max_model_len:
+            raise APIError(400, f"This model's maximum context length is {self.max_model_len} "
+                                f"tokens, but {num_prompt_tokens + max_tokens} were requested "
+                                f"({num_prompt_tokens} in the prompt, {max_tokens} for the "
+                                "completion).", param="max_tokens",
+                           code="context_length_exceeded")
+
+    async def _submit(self, request_id: str, prompt_ids: list[list[int]], params: SamplingParams,
+                      n: int, stream: bool) -> OutputStream:
+        """One engine request per (prompt, choice), choice index = prompt * n + j. A seeded
+        request gives choice j the seed + j, so that the n choices differ but are reproducible."""
+        ids, prompts, all_params = [], [], []
+        for p, ids_p in enumerate(prompt_ids):
+            for j in range(n):
+                ids.append(f"{request_id}-{p * n + j}")
+                prompts.append(ids_p)
+                seeded = params.seed is not None and j > 0
+                all_params.append(replace(params, seed=(params.seed + j) & _U64_MASK)
+                                  if seeded else params)
+        try:
+            return await self.engine.add_requests(ids, prompts, all_params, stream=stream)
+        except QueueFullError as exc:
+            raise APIError(429, str(exc), code="queue_full") from exc
+        except (EngineClosedError, EngineDeadError) as exc:
+            raise APIError(503, str(exc)) from exc
+
+    # ---- streaming ----------------------------------------------------------------------------
+    async def _completion_events(self, request_id: str, req: CompletionRequest,
+                                 stream: OutputStream, num_prompt_tokens: int,
+                                 ) -> AsyncIterator[BaseModel]:
+        created = int(time.time())
+        deltas = _DeltaTracker(len(stream.request_ids), req.stop)
+        final: list[RequestOutput | None] = [None] * len(stream.request_ids)
+        async for i, out in stream:
+            c = out.outputs[0]
+            text = deltas.text(i, c.text, out.finished)
+            token_ids, token_logprobs = deltas.tokens(i, c)
+            logprobs = None
+            if token_logprobs is not None:
+                logprobs = self._completion_logprobs(token_ids, token_logprobs,
+                                                     deltas.text_offsets[i])
+                if logprobs.tokens:
+                    deltas.text_offsets[i] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+            if not text and not out.finished and logprobs is None:
+                continue
+            if out.finished:
+                final[i] = out
+            choice = CompletionChoice(index=i, text=text, logprobs=logprobs,
+                                      finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+            yield CompletionResponse(id=request_id, created=created, model=self.model_name,
+                                     choices=[choice])
+        if req.include_usage:
+            yield CompletionResponse(id=request_id, created=created, model=self.model_name,
+                                     choices=[], usage=_usage(num_prompt_tokens, final))
+
+    async def _chat_events(self, request_id: str, req: ChatCompletionRequest,
+                           stream: OutputStream, num_prompt_tokens: int,
+                           ) -> AsyncIterator[BaseModel]:
+        created = int(time.time())
+
+        def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None):
+            return ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
+                                       choices=choices, usage=usage)
+
+        num_choices = len(stream.request_ids)
+        # The role comes first, before any token: clients render the turn at once.
+        for i in range(num_choices):
+            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant",
+                                                                      content=""))])
+        deltas = _DeltaTracker(num_choices, req.stop)
+        final: list[RequestOutput | None] = [None] * num_choices
+        async for i, out in stream:
+            c = out.outputs[0]
+            text = deltas.text(i, c.text, out.finished)
+            token_ids, token_logprobs = deltas.tokens(i, c)
+            logprobs = (None if token_logprobs is None else
+                        self._chat_logprobs(token_ids, token_logprobs, req.top_logprobs or 0))
+            if not text and not out.finished and logprobs is None:
+                continue
+            if out.finished:
+                final[i] = out
+            delta = DeltaMessage(content=text) if text else DeltaMessage()
+            yield chunk([ChatStreamChoice(index=i, delta=delta, logprobs=logprobs,
+                                          finish_reason=c.finish_reason)])
+        if req.include_usage:
+            yield chunk([], _usage(num_prompt_tokens, final))
+
+    # ---- logprobs -----------------------------------------------------------------------------
+    def _decode_token(self, token_id: int) -> str:
+        return self._tokenizer.decode([token_id])
+
+    def _completion_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[dict[int, float]],
+                             offset: int) -> CompletionLogprobs:
+        result = CompletionLogprobs()
+        for token, entry in zip(token_ids, logprobs, strict=True):
+            text = self._token_text(token)
+            result.tokens.append(text)
+            result.token_logprobs.append(entry[token])
+            # The sampled token is always included, so there may be logprobs + 1 entries.
+            result.top_logprobs.append({self._token_text(t): lp for t, lp in entry.items()})
+            result.text_offset.append(offset)
+            offset += len(text)
+        return result
+
+    def _chat_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[dict[int, float]],
+                       num_top: int) -> ChatChoiceLogprobs:
+        content = []
+        for token, entry in zip(token_ids, logprobs, strict=True):
+            text = self._token_text(token)
+            top = sorted(entry.items(), key=lambda kv: kv[1], reverse=True)[:num_top]
+            content.append(TokenLogprob(token=text, logprob=entry[token],
+                                        bytes=list(text.encode()),
+                                        top_logprobs=[self._top(t, lp) for t, lp in top]))
+        return ChatChoiceLogprobs(content=content)
+
+    def _top(self, token: int, logprob: float) -> TopLogprob:
+        text = self._token_text(token)
+        return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
+
+
+class _DeltaTracker:
+    """What each choice has sent so far. While a stop string could still match, the last
+    len(stop) - 1 characters are held back: the engine cuts the text where the match begins,
+    which can lie in text an earlier step already produced."""
+
+    def __init__(self, num_choices: int, stop: str | list[str] | None):
+        stops = [stop] if isinstance(stop, str) else (stop or [])
+        self.holdback = max((len(s) for s in stops), default=1) - 1
+        self.sent_chars = [0] * num_choices
+        self.sent_tokens = [0] * num_choices
+        self.text_offsets = [0] * num_choices  # completion logprobs: where the next token starts
+
+    def text(self, i: int, text: str, finished: bool) -> str:
+        start, end = self.sent_chars[i], len(text) if finished else len(text) - self.holdback
+        if end <= start:
+            return ""
+        self.sent_chars[i] = end
+        return text[start:end]
+
+    def tokens(self, i: int, c: CompletionOutput) -> tuple[list[int], list[dict] | None]:
+        start = self.sent_tokens[i]
+        self.sent_tokens[i] = len(c.token_ids)
+        return c.token_ids[start:], None if c.logprobs is None else c.logprobs[start:]
+
+
+class EventStreamResponse(StreamingResponse):
+    """Server-sent events ending with `data: [DONE]`. However the response ends (finished,
+    client gone, server stopping) the engine requests behind it are aborted at once."""
+
+    def __init__(self, events: AsyncIterator[BaseModel], stream: OutputStream):
+        super().__init__(_sse(events), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._stream = stream
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._stream.close()
+
+
+async def _sse(events: AsyncIterator[BaseModel]) -> AsyncIterator[str]:
+    try:
+        async for event in events:
+            yield f"data: {event.model_dump_json()}\n\n"
+    except (RequestAborted, EngineDeadError) as exc:
+        # The status line is long gone: report the failure in-band, as OpenAI does.
+        yield f"data: {json.dumps(error_body(503, str(exc)))}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+async def _collect(stream: OutputStream, raw: Request) -> list[RequestOutput] | None:
+    """The final output of every choice, or None if the client hung up first (then the engine
+    requests are aborted at once rather than generating for nobody)."""
+    final: list[RequestOutput | None] = [None] * len(stream.request_ids)
+
+    async def drain() -> None:
+        async for i, out in stream:
+            final[i] = out
+
+    work = asyncio.ensure_future(drain())
+    hangup = asyncio.ensure_future(_wait_for_disconnect(raw))
+    try:
+        await asyncio.wait((work, hangup), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hangup.cancel()
+        work.cancel()  # a no-op when it is done
+        stream.close()
+    if not work.done() or work.cancelled():
+        return None
+    try:
+        work.result()
+    except (RequestAborted, EngineDeadError) as exc:
+        raise APIError(503, str(exc)) from exc
+    return final
+
+
+async def _wait_for_disconnect(raw: Request) -> None:
+    # The body has been read, so the next ASGI message is the disconnect (or, after the
+    # response, a disconnect too; by then nobody waits for this).
+    while (await raw.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _tokenize_all(engine: LLMEngine, prompts: list[str | list[int]]) -> list[list[int]]:
+    return [engine.tokenize(p) if isinstance(p, str) else list(p) for p in prompts]
+
+
+def _render_chat(engine: LLMEngine, messages: list[dict]) -> list[int]:
+    try:
+        return engine.apply_chat_template(messages)
+    except TemplateError as exc:  # e.g. a template that rejects the order of roles
+        raise ValueError(f"the chat template refused these messages: {exc}") from exc
+
+
+def _usage(num_prompt_tokens: int, outputs: Sequence[RequestOutput | None]) -> UsageInfo:
+    completion = sum(len(o.outputs[0].token_ids) for o in outputs if o is not None)
+    return UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=completion,
+                     total_tokens=num_prompt_tokens + completion)
+
+
+def _json(body: BaseModel) -> Response:
+    return Response(body.model_dump_json(), media_type="application/json")

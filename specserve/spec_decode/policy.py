@@ -1,0 +1,163 @@
+"""Speculation policies: how many draft tokens each running request verifies next step.
+
+- `off`: never speculate.
+- `static`: always K (the request's own `num_speculative_tokens` if set).
+- `batch-threshold:N`: K while at most N requests run, else 0 (vLLM V0's
+  `speculative_disable_by_batch_size`).
+- `schedule:B1=K1,B2=K2,...`: K from a batch-size table, the first row whose B >= batch
+  (vLLM V1 / TensorRT-LLM style); batches larger than every row get 0.
+- `adaptive` (default): K_i from the measured cost model and each request's acceptance
+  (cost_model.py).
+
+A request's `num_speculative_tokens` is its own K_max (0 switches speculation off for it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from specserve.engine.request import Request
+from specserve.spec_decode.acceptance import AcceptanceTracker
+from specserve.spec_decode.cost_model import StepCostModel, choose_num_speculative_tokens
+
+POLICY_NAMES = ("off", "static", "batch-threshold:N", "schedule:B=K,...", "adaptive")
+
+
+def parse_schedule(text: str) -> list[tuple[int, int]]:
+    try:
+        rows = sorted((int(b), int(k)) for b, k in (item.split("=") for item in text.split(",")))
+    except ValueError:
+        raise ValueError(f"bad schedule {text!r}: expected e.g. 'schedule:1=4,8=2,16=0'") from None
+    return rows
+
+
+class SpecPolicy:
+    """Base: static K. Subclasses override `choose`."""
+
+    name = "static"
+
+    def __init__(self, k_max: int):
+        self.k_max = k_max
+        self.acceptance = AcceptanceTracker()
+        self.k_histogram: Counter[int] = Counter()  # chosen K per (request, step)
+        self.last_predicted_s: float | None = None
+        self.num_predictions = 0
+        self.abs_error_s = 0.0  # sum |predicted - actual| step time
+        self.sum_actual_s = 0.0
+
+    def request_k_max(self, req: Request) -> int:
+        k = req.params.num_speculative_tokens
+        return self.k_max if k is None else k
+
+    def choose(self, reqs: list[Request], num_running: int, num_base_tokens: int,
+               catch_up: list[int]) -> list[int]:
+        return [self.request_k_max(r) for r in reqs]
+
+    def record_choice(self, ks: list[int]) -> None:
+        self.k_histogram.update(ks)
+
+    def observe_verification(self, req: Request, num_draft: int, num_accepted: int) -> None:
+        self.acceptance.observe(req.request_id, num_draft, num_accepted)
+
+    def observe_step(self, num_tokens: int, forward_s: float, draft_tokens: list[int],
+                     draft_s: float) -> None:
+        if self.last_predicted_s is not None:
+            actual = forward_s + draft_s
+            self.abs_error_s += abs(self.last_predicted_s - actual)
+            self.sum_actual_s += actual
+            self.num_predictions += 1
+            self.last_predicted_s = None
+
+    def forget(self, req: Request) -> None:
+        self.acceptance.forget(req.request_id)
+
+    def stats(self, running: list[Request]) -> dict:
+        total = sum(self.k_histogram.values())
+        return {
+            "spec_policy": self.name,
+            "spec_k_histogram": dict(sorted(self.k_histogram.items())),
+            "spec_k_mean": sum(k * c for k, c in self.k_histogram.items()) / total if total
+            else 0.0,
+            "spec_global_acceptance": self.acceptance.global_rate,
+            "spec_request_acceptance": {r.request_id: round(self.acceptance.estimate(
+                r.request_id), 3) for r in running[:64]},
+            "spec_step_time_rel_error": self.abs_error_s / self.sum_actual_s
+            if self.sum_actual_s else None,
+        }
+
+
+class OffPolicy(SpecPolicy):
+    name = "off"
+
+    def choose(self, reqs, num_running, num_base_tokens, catch_up):
+        return [0] * len(reqs)
+
+
+class BatchThresholdPolicy(SpecPolicy):
+    def __init__(self, k_max: int, threshold: int):
+        super().__init__(k_max)
+        self.threshold = threshold
+        self.name = f"batch-threshold:{threshold}"
+
+    def choose(self, reqs, num_running, num_base_tokens, catch_up):
+        if num_running > self.threshold:
+            return [0] * len(reqs)
+        return [self.request_k_max(r) for r in reqs]
+
+
+class SchedulePolicy(SpecPolicy):
+    def __init__(self, k_max: int, rows: list[tuple[int, int]]):
+        super().__init__(k_max)
+        self.rows = rows
+        self.name = "schedule:" + ",".join(f"{b}={k}" for b, k in rows)
+
+    def choose(self, reqs, num_running, num_base_tokens, catch_up):
+        k = next((k for b, k in self.rows if num_running <= b), 0)
+        return [min(k, self.request_k_max(r)) for r in reqs]
+
+
+class AdaptivePolicy(SpecPolicy):
+    name = "adaptive"
+
+    def __init__(self, k_max: int, target_cost: StepCostModel,
+                 draft_cost: StepCostModel | None):
+        super().__init__(k_max)
+        self.target_cost = target_cost
+        self.draft_cost = draft_cost
+        self.prev_total: int | None = None
+
+    def choose(self, reqs, num_running, num_base_tokens, catch_up):
+        alphas = np.array([self.acceptance.estimate(r.request_id) for r in reqs])
+        k_max = np.array([self.request_k_max(r) for r in reqs])
+        ks, predicted, _ = choose_num_speculative_tokens(
+            alphas, k_max, num_base_tokens, self.target_cost, self.draft_cost,
+            np.asarray(catch_up, dtype=np.float64), self.prev_total)
+        self.prev_total = int(ks.sum())
+        self.last_predicted_s = predicted
+        return ks.tolist()
+
+    def observe_step(self, num_tokens, forward_s, draft_tokens, draft_s):
+        super().observe_step(num_tokens, forward_s, draft_tokens, draft_s)
+        self.target_cost.update(num_tokens, forward_s)
+        if self.draft_cost is not None and draft_tokens:
+            per_forward = draft_s / len(draft_tokens)
+            for n in draft_tokens:
+                self.draft_cost.update(n, per_forward)
+
+
+def build_policy(spec: str, k_max: int, target_cost: StepCostModel | None = None,
+                 draft_cost: StepCostModel | None = None) -> SpecPolicy:
+    if spec == "off":
+        return OffPolicy(k_max)
+    if spec == "static":
+        return SpecPolicy(k_max)
+    if spec.startswith("batch-threshold:"):
+        return BatchThresholdPolicy(k_max, int(spec.split(":", 1)[1]))
+    if spec.startswith("schedule:"):
+        return SchedulePolicy(k_max, parse_schedule(spec.split(":", 1)[1]))
+    if spec == "adaptive":
+        assert target_cost is not None
+        return AdaptivePolicy(k_max, target_cost, draft_cost)
+    raise ValueError(f"unknown speculation policy {spec!r}; choose one of {POLICY_NAMES}")

@@ -1,0 +1,153 @@
+"""The adaptive speculation controller: pure cost-model / K-selection math, and the engine under
+every policy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specserve import LLM, SamplingParams
+from specserve.spec_decode.acceptance import AcceptanceTracker
+from specserve.spec_decode.cost_model import (
+    StepCostModel,
+    choose_num_speculative_tokens,
+    expected_emitted,
+)
+from specserve.spec_decode.policy import build_policy, parse_schedule
+
+K_MAX = 4
+
+
+def knee_cost(knee: int = 32, flat: float = 0.02, per_token: float = 0.0006) -> StepCostModel:
+    """Flat up to the knee (memory-bound), linear after it (compute-bound)."""
+    points = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    return StepCostModel(points, [flat + per_token * max(n - knee, 0) for n in points])
+
+
+def choose(batch: int, alpha: float, cost, draft=None) -> np.ndarray:
+    ks, _, _ = choose_num_speculative_tokens(np.full(batch, alpha), np.full(batch, K_MAX),
+                                             batch, cost, draft)
+    return ks
+
+
+def test_expected_emitted_matches_the_geometric_series():
+    alpha, k = np.array([0.0, 0.5, 0.9]), np.array([3, 3, 3])
+    want = [sum(a ** j for j in range(4)) for a in alpha]
+    np.testing.assert_allclose(expected_emitted(alpha, k), want)
+
+
+def test_k_falls_to_zero_as_the_batch_grows_past_the_knee():
+    cost = knee_cost()
+    means = [choose(b, 0.6, cost).mean() for b in (1, 2, 4, 8, 16, 32, 64, 128)]
+    assert means[0] == K_MAX  # batch 1: verification tokens are free
+    assert all(a >= b for a, b in zip(means, means[1:], strict=False))  # never rises
+    assert means[-1] == 0 and means[-2] == 0  # compute-bound: speculation only costs
+
+
+def test_acceptance_near_one_and_flat_cost_gives_k_max():
+    flat = StepCostModel([1, 1024], [0.02, 0.02])
+    for batch in (1, 16, 256):
+        assert (choose(batch, 0.99, flat) == K_MAX).all()
+
+
+def test_acceptance_near_zero_gives_zero_at_any_batch():
+    for cost in (knee_cost(), StepCostModel([1, 1024], [0.02, 0.02])):
+        for batch in (1, 8, 64):
+            assert (choose(batch, 0.001, cost) == 0).all()
+
+
+def test_a_draft_that_costs_a_target_forward_is_not_worth_it_at_moderate_acceptance():
+    cost = knee_cost()
+    assert choose(1, 0.5, cost, draft=knee_cost()).sum() == 0
+    cheap = knee_cost(flat=0.001, per_token=0.00003)
+    assert choose(1, 0.5, cost, draft=cheap).sum() > 0
+
+
+def test_requests_get_k_by_their_own_acceptance():
+    ks, _, _ = choose_num_speculative_tokens(np.array([0.95, 0.5, 0.02]), np.full(3, K_MAX), 3,
+                                             knee_cost(knee=6))
+    assert ks[0] >= ks[1] >= ks[2] and ks[2] == 0 and ks[0] > 0
+
+
+def test_hysteresis_keeps_the_previous_choice_near_break_even():
+    cost = knee_cost()
+    ks, _, goodput = choose_num_speculative_tokens(np.full(24, 0.35), np.full(24, K_MAX), 24,
+                                                   cost)
+    best_total = int(ks.sum())
+    for prev in (best_total - 1, best_total + 1):
+        if prev < 0:
+            continue
+        again, _, _ = choose_num_speculative_tokens(np.full(24, 0.35), np.full(24, K_MAX), 24,
+                                                    cost, prev_total=prev)
+        # Either it stays, or the previous choice was clearly worse than the optimum.
+        assert again.sum() in (prev, best_total)
+
+
+def test_cost_model_online_update_moves_toward_measurements():
+    cost = knee_cost()
+    before = cost(64)
+    for _ in range(50):
+        cost.update(64, 2 * before)
+    assert cost(64) > 1.8 * before
+    assert all(np.diff(cost.y) >= 0)  # stays monotone
+
+
+def test_acceptance_tracker_prior_and_per_request_estimates():
+    acc = AcceptanceTracker(prior=0.5)
+    assert acc.estimate("new") == pytest.approx(0.5)
+    for _ in range(20):
+        acc.observe("good", 4, 4)
+        acc.observe("bad", 4, 0)
+    assert acc.estimate("good") > 0.8 > 0.2 > acc.estimate("bad")
+    assert 0.3 < acc.global_rate < 0.9
+
+
+def test_policy_parsing():
+    assert parse_schedule("8=2,1=4,16=0") == [(1, 4), (8, 2), (16, 0)]
+    assert build_policy("batch-threshold:8", 4).name == "batch-threshold:8"
+    with pytest.raises(ValueError, match="unknown speculation policy"):
+        build_policy("sometimes", 4)
+    with pytest.raises(ValueError, match="bad schedule"):
+        build_policy("schedule:x", 4)
+
+
+# ---- the engine under each policy ------------------------------------------------------------
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
+PROMPT = 'Copy: {"id": 7, "name": "lamp", "tags": ["a", "b"]}\n{"id": 7, "name": "lamp",'
+
+
+@pytest.mark.parametrize("policy", ["adaptive", "batch-threshold:2", "schedule:1=4,4=2,8=0"])
+def test_every_policy_is_lossless(llm, policy):
+    tok = llm.get_tokenizer()
+    prompts = [tok(PROMPT + " " * i, add_special_tokens=False).input_ids for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    spec = LLM(dtype="float32", speculative_config=NGRAM, speculation_policy=policy)
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == want
+    stats = spec.get_stats()
+    assert stats["spec_policy"] == policy and sum(stats["spec_k_histogram"].values()) > 0
+
+
+def test_off_policy_does_no_draft_work():
+    spec = LLM(dtype="float32", speculation_policy="off",
+               speculative_config={"method": "draft", "draft_layers": 1,
+                                   "num_speculative_tokens": 4})
+    spec.generate([PROMPT] * 3, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    stats = spec.get_stats()
+    assert stats["draft_num_forwards"] == 0 and stats["num_draft_tokens"] == 0
+    assert stats["spec_k_histogram"] == {0: sum(stats["spec_k_histogram"].values())}
+
+
+def test_adaptive_stops_drafting_when_acceptance_is_hopeless():
+    """A 1-layer self-draft is almost never right; once the controller has seen that, it picks
+    K = 0 everywhere and the draft model does no more forwards."""
+    spec = LLM(dtype="float32", speculative_config={"method": "draft", "draft_layers": 1,
+                                                    "num_speculative_tokens": 4})
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    spec.generate(["Tell me about the history of Rome."] * 2, params)
+    forwards = spec.get_stats()["draft_num_forwards"]
+    spec.generate(["Describe the water cycle in detail."] * 2, params)
+    stats = spec.get_stats()
+    assert stats["acceptance_rate"] < 0.2
+    assert stats["draft_num_forwards"] - forwards <= 4  # at most a probe or two
+    assert stats["spec_k_histogram"][0] > 0

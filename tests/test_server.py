@@ -1,0 +1,322 @@
+"""The OpenAI-compatible server, live: a real `python -m specserve.server.api_server` process on a
+free local port, driven by the official openai client and by raw httpx, and checked against the
+offline engine (greedy, fp32: the texts must be identical)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+import httpx
+import openai
+import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from specserve import SamplingParams
+
+MODEL = "SmolLM2-135M-Instruct"
+# fp32 so that greedy text matches the offline engine token for token; a small KV pool is quick
+# to allocate and still holds 64 short requests at once. One torch thread: on a small shared
+# machine two OpenMP threads that wait for each other at every op run up to 30x slower.
+MODEL_FLAGS = ("--dtype", "float32", "--kv-cache-memory", "160MiB", "--num-threads", "1")
+
+
+class LiveServer:
+    """A server subprocess; `url` is its base URL. Used by test_server_errors.py too."""
+
+    def __init__(self, *flags: str, startup_timeout: float = 180.0):
+        with socket.socket() as s:  # a free port (the tiny race with other binders is harmless)
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile(prefix="specserve-server-", suffix=".log")
+        cmd = [sys.executable, "-m", "specserve.server.api_server", "--port", str(self.port),
+               "--log-level", "warning", *flags]
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if self.proc.poll() is not None:
+                pytest.fail(f"server exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                pytest.fail(f"server did not start in {startup_timeout}s:\n{self.output()}")
+            time.sleep(0.25)
+
+    def output(self) -> str:
+        with open(self.log.name, errors="replace") as f:
+            return f.read()[-4000:]
+
+    def stats(self) -> dict:
+        return httpx.get(f"{self.url}/stats", timeout=10).json()
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics as {"name{label=value,...}": value}."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        samples = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())
+                                  if k != "model_name")
+                samples[f"{s.name}{{{labels}}}"] = s.value
+        return samples
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def kv_pool_is_free(server: LiveServer) -> bool:
+    s = server.stats()
+    return s["kv_blocks_free"] == s["kv_blocks_total"] and s["num_requests_in_flight"] == 0
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    live = LiveServer(*MODEL_FLAGS)
+    yield live
+    live.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                         timeout=120)
+
+
+_offline_cache: dict[str, tuple[str, int, str]] = {}
+
+
+def offline_text(llm, prompt: str | list[dict], **kw) -> tuple[str, int, str]:
+    """(text, number of tokens, finish reason) from the in-process engine; memoised, since
+    several tests compare against the same generation."""
+    key = json.dumps([prompt, kw], sort_keys=True)
+    if key not in _offline_cache:
+        params = SamplingParams(temperature=0, **kw)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # as the server: see MODEL_FLAGS
+        try:
+            out = (llm.chat(prompt, params) if isinstance(prompt, list)
+                   else llm.generate(prompt, params))[0].outputs[0]
+        finally:
+            torch.set_num_threads(threads)
+        _offline_cache[key] = out.text, len(out.token_ids), out.finish_reason
+    return _offline_cache[key]
+
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]
+CHAT = [{"role": "system", "content": "You are a concise assistant."},
+        {"role": "user", "content": "Name three primary colors."}]
+
+
+# ---- the official client, sync / async / streaming, equals the offline engine -----------------
+def test_models_and_health(server: LiveServer, client: openai.OpenAI):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_completion_matches_offline(client: openai.OpenAI, llm, prompt: str):
+    text, num_tokens, finish = offline_text(llm, prompt, max_tokens=16)
+    resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=16, temperature=0)
+    assert resp.choices[0].text == text
+    assert resp.choices[0].finish_reason == finish
+    assert resp.usage.completion_tokens == num_tokens
+    assert resp.usage.prompt_tokens == len(llm.engine.tokenize(prompt))
+
+
+def test_chat_matches_offline(client: openai.OpenAI, llm):
+    text, num_tokens, finish = offline_text(llm, CHAT, max_tokens=20)
+    resp = client.chat.completions.create(model=MODEL, messages=CHAT, max_completion_tokens=20,
+                                          temperature=0)
+    assert resp.choices[0].message.content == text
+    assert resp.choices[0].finish_reason == finish
+    assert resp.usage.completion_tokens == num_tokens
+
+
+def test_async_chat_matches_offline(server: LiveServer, llm):
+    text, num_tokens, finish = offline_text(llm, CHAT, max_tokens=20)
+    # Content as a list of text parts is the same message as a plain string.
+    messages = [CHAT[0], {"role": "user", "content": [{"type": "text",
+                                                       "text": CHAT[1]["content"]}]}]
+
+    async def run():
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused",
+                                     max_retries=0)
+        async with aclient:
+            return await aclient.chat.completions.create(model=MODEL, messages=messages,
+                                                         max_tokens=20, temperature=0)
+
+    resp = asyncio.run(run())
+    assert resp.choices[0].message.content == text
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.choices[0].finish_reason == finish
+    assert resp.usage.completion_tokens == num_tokens
+
+
+def test_streaming_matches_offline(client: openai.OpenAI, llm):
+    text, num_tokens, finish = offline_text(llm, PROMPTS[0], max_tokens=16)
+    chunks = list(client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=16,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == finish
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == num_tokens
+
+    text, num_tokens, finish = offline_text(llm, CHAT, max_tokens=20)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=20,
+                                                 temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == finish
+    assert chunks[-1].usage.completion_tokens == num_tokens
+
+
+def test_async_streaming_chat(server: LiveServer, llm):
+    text, _, _ = offline_text(llm, CHAT, max_tokens=20)
+
+    async def run() -> str:
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused",
+                                     max_retries=0)
+        async with aclient:
+            stream = await aclient.chat.completions.create(
+                model=MODEL, messages=CHAT, max_tokens=20, temperature=0, stream=True)
+            return "".join([c.choices[0].delta.content or "" async for c in stream])
+
+    assert asyncio.run(run()) == text
+
+
+# ---- sampling features -----------------------------------------------------------------------
+def test_stop_strings_streamed_and_not(client: openai.OpenAI, llm):
+    prompt = "1, 2, 3, 4,"
+    full, _, _ = offline_text(llm, prompt, max_tokens=24, ignore_eos=True)
+    stop = full[len(full) // 2:][:3]  # a stop string that occurs in the greedy continuation
+    expected = full[:full.index(stop)]  # the text ends where the stop string first begins
+    kw = dict(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, stop=[stop],
+              extra_body={"ignore_eos": True})
+    resp = client.completions.create(**kw)
+    assert resp.choices[0].text == expected
+    assert resp.choices[0].finish_reason == "stop"
+    # Streaming holds back text that could be the start of the stop string.
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
+    assert streamed == expected
+
+
+def test_n_seed_and_logprobs(client: openai.OpenAI):
+    kw = dict(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=1.0, seed=7,
+              n=3, logprobs=2)
+    first = client.completions.create(**kw)
+    again = client.completions.create(**kw)
+    assert sorted(c.index for c in first.choices) == [0, 1, 2]
+    assert [c.text for c in first.choices] == [c.text for c in again.choices]  # seeded
+    assert len({c.text for c in first.choices}) > 1  # each choice gets its own seed
+    assert first.usage.completion_tokens == 24
+    lp = first.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 8
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    assert all(2 <= len(top) <= 3 and v <= 0 for top, v in zip(lp.top_logprobs,
+                                                              lp.token_logprobs, strict=True))
+
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5,
+                                          temperature=0, logprobs=True, top_logprobs=3,
+                                          extra_body={"speculation": 0})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob >= t.logprob - 1e-6
+               for t in content)
+
+
+# ---- many clients, a third of which hang up --------------------------------------------------
+def test_64_concurrent_streams_with_disconnects(server: LiveServer):
+    finished_before = server.metrics().get("vllm:request_success_total{finished_reason=length}",
+                                           0)
+    max_tokens = 24
+
+    async def one(client: httpx.AsyncClient, i: int) -> bool:
+        """True if the stream completed; False if this client hung up on purpose."""
+        body = {"model": MODEL, "prompt": f"Story {i}: once upon a time in village {i},",
+                "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        events: list[str] = []
+        async with client.stream("POST", "/v1/completions", json=body) as resp:
+            assert resp.status_code == 200
+            async for line in resp.aiter_lines():
+                if line:
+                    assert line.startswith("data: ")
+                    events.append(line.removeprefix("data: "))
+                if i % 3 == 0 and len(events) == 3:
+                    return False  # leaving the block drops the connection mid-stream
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert chunks[-1]["choices"] == []
+        assert chunks[-1]["usage"]["completion_tokens"] == max_tokens
+        assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+        return True
+
+    async def run() -> list[bool]:
+        limits = httpx.Limits(max_connections=100, max_keepalive_connections=100)
+        async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=120) as client:
+            return await asyncio.gather(*(one(client, i) for i in range(64)))
+
+    completed = asyncio.run(run())
+    assert sum(completed) == 64 - len(range(0, 64, 3))
+    # Aborts are asynchronous: give the engine thread a moment to free the blocks.
+    assert wait_until(lambda: kv_pool_is_free(server)), server.stats()
+    # The clients that hung up were aborted, not run to their end for nobody.
+    finished = server.metrics()["vllm:request_success_total{finished_reason=length}"]
+    assert finished - finished_before == sum(completed)
+
+
+def test_non_streaming_disconnect_aborts(server: LiveServer):
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 2000,
+            "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", json=body, timeout=1.0)
+    assert wait_until(lambda: kv_pool_is_free(server)), server.stats()
+
+
+# ---- metrics -----------------------------------------------------------------------------------
+def test_metrics_parse_and_move(server: LiveServer, client: openai.OpenAI):
+    before = server.metrics()
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
+                 "vllm:prefix_cache_hits_total", "vllm:spec_decode_num_draft_tokens_total",
+                 "vllm:spec_decode_num_accepted_tokens_total"):
+        assert f"{name}{{}}" in before, name
+    client.completions.create(model=MODEL, prompt="Metrics are", max_tokens=5, temperature=0)
+    after = server.metrics()
+    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+                 "vllm:prefix_cache_queries_total", "vllm:time_to_first_token_seconds_count",
+                 "vllm:inter_token_latency_seconds_count",
+                 "vllm:e2e_request_latency_seconds_count"):
+        assert after[f"{name}{{}}"] > before.get(f"{name}{{}}", 0), name
+    assert after["vllm:generation_tokens_total{}"] - before["vllm:generation_tokens_total{}"] == 5

@@ -1,0 +1,200 @@
+"""The live server refusing what it should: malformed requests (a 4xx with an OpenAI error body,
+never a 500), a missing or wrong API key, overload past --max-queue; and SIGTERM.
+
+One small server with the flags these need (an API key, room for 2 running + 2 waiting requests,
+a served model name of its own), separate from test_server.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from test_server import MODEL_FLAGS, LiveServer, kv_pool_is_free, wait_until
+
+KEY = "sk-test-key"
+NAME = "tiny"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LiveServer]:
+    live = LiveServer(*MODEL_FLAGS, "--api-key", KEY, "--max-num-seqs", "2", "--max-queue", "2",
+                      "--served-model-name", NAME, "--shutdown-timeout", "10")
+    yield live
+    live.stop()
+
+
+def completion(**fields) -> dict:
+    return {"model": NAME, "prompt": "Hello", "max_tokens": 4, **fields}
+
+
+def chat(**fields) -> dict:
+    return {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+            **fields}
+
+
+CMPL, CHAT = "/v1/completions", "/v1/chat/completions"
+JSON = "application/json"
+_missing_prompt = completion()
+del _missing_prompt["prompt"]
+
+BAD_REQUESTS = [
+    # (path, body: a JSON value or raw bytes, content type, expected status)
+    pytest.param(CMPL, _missing_prompt, JSON, 400, id="missing-prompt"),
+    pytest.param(CMPL, completion(prompt=123), JSON, 400, id="prompt-wrong-type"),
+    pytest.param(CMPL, completion(prompt=[]), JSON, 400, id="prompt-empty-list"),
+    pytest.param(CMPL, completion(prompt=""), JSON, 400, id="prompt-empty-string"),
+    pytest.param(CMPL, completion(prompt=[-1, 5]), JSON, 400, id="prompt-negative-token"),
+    pytest.param(CMPL, completion(prompt=[10**9]), JSON, 400, id="prompt-token-out-of-vocab"),
+    pytest.param(CMPL, completion(prompt=[1] * 6000), JSON, 400, id="prompt-over-context"),
+    pytest.param(CMPL, completion(max_tokens="5"), JSON, 400, id="max-tokens-string"),
+    pytest.param(CMPL, completion(max_tokens=0), JSON, 400, id="max-tokens-zero"),
+    pytest.param(CMPL, completion(max_tokens=-3), JSON, 400, id="max-tokens-negative"),
+    pytest.param(CMPL, completion(max_tokens=10**9), JSON, 400, id="max-tokens-huge"),
+    pytest.param(CMPL, completion(max_tokens=2.5), JSON, 400, id="max-tokens-float"),
+    pytest.param(CMPL, completion(temperature=-0.5), JSON, 400, id="temperature-negative"),
+    pytest.param(CMPL, completion(temperature=50), JSON, 400, id="temperature-huge"),
+    pytest.param(CMPL, completion(temperature="hot"), JSON, 400, id="temperature-string"),
+    pytest.param(CMPL, completion(top_p=0), JSON, 400, id="top-p-zero"),
+    pytest.param(CMPL, completion(top_p=1.5), JSON, 400, id="top-p-over-one"),
+    pytest.param(CMPL, completion(top_k=-2), JSON, 400, id="top-k-negative"),
+    pytest.param(CMPL, completion(n=0), JSON, 400, id="n-zero"),
+    pytest.param(CMPL, completion(n=100000), JSON, 400, id="n-huge"),
+    pytest.param(CMPL, completion(n=True), JSON, 400, id="n-bool"),
+    pytest.param(CMPL, completion(n=5), JSON, 400, id="n-beyond-server-capacity"),
+    pytest.param(CMPL, completion(stop=5), JSON, 400, id="stop-int"),
+    pytest.param(CMPL, completion(stop=[""]), JSON, 400, id="stop-empty-string"),
+    pytest.param(CMPL, completion(stop=["a", 7]), JSON, 400, id="stop-list-with-int"),
+    pytest.param(CMPL, completion(logprobs=50), JSON, 400, id="logprobs-too-many"),
+    pytest.param(CMPL, completion(logprobs=-1), JSON, 400, id="logprobs-negative"),
+    pytest.param(CMPL, completion(seed="abc"), JSON, 400, id="seed-string"),
+    pytest.param(CMPL, completion(seed=2**70), JSON, 400, id="seed-over-64-bits"),
+    pytest.param(CMPL, completion(stream="yes"), JSON, 400, id="stream-string"),
+    pytest.param(CMPL, completion(stream_options={"include_usage": True}), JSON, 400,
+                 id="stream-options-without-stream"),
+    pytest.param(CMPL, completion(speculation=99), JSON, 400, id="speculation-too-large"),
+    pytest.param(CMPL, completion(speculation={"num_speculative_tokens": -1}), JSON, 400,
+                 id="speculation-negative"),
+    pytest.param(CMPL, completion(echo=True), JSON, 400, id="echo-unsupported"),
+    pytest.param(CMPL, completion(presence_penalty=0.5), JSON, 400, id="penalty-unsupported"),
+    pytest.param(CMPL, completion(model="gpt-4"), JSON, 404, id="unknown-model"),
+    pytest.param(CHAT, {"model": NAME}, JSON, 400, id="missing-messages"),
+    pytest.param(CHAT, chat(messages=[]), JSON, 400, id="empty-messages"),
+    pytest.param(CHAT, chat(messages="Hi"), JSON, 400, id="messages-string"),
+    pytest.param(CHAT, chat(messages=[{"role": "wizard", "content": "Hi"}]), JSON, 400,
+                 id="unknown-role"),
+    pytest.param(CHAT, chat(messages=[{"role": "user"}]), JSON, 400, id="missing-content"),
+    pytest.param(CHAT, chat(messages=[{"role": "user", "content": 5}]), JSON, 400,
+                 id="content-int"),
+    pytest.param(CHAT, chat(messages=[{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]), JSON, 400,
+                 id="content-image-part"),
+    pytest.param(CHAT, chat(top_logprobs=3), JSON, 400, id="top-logprobs-without-logprobs"),
+    pytest.param(CHAT, chat(logprobs=True, top_logprobs=21), JSON, 400, id="top-logprobs-huge"),
+    pytest.param(CHAT, chat(max_completion_tokens=0), JSON, 400, id="max-completion-tokens-0"),
+    pytest.param(CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), JSON, 400,
+                 id="tools-unsupported"),
+    pytest.param(CHAT, chat(model="nope"), JSON, 404, id="chat-unknown-model"),
+    pytest.param(CMPL, b'{"prompt": "Hello", ', JSON, 400, id="invalid-json"),
+    pytest.param(CMPL, b"", JSON, 400, id="empty-body"),
+    pytest.param(CMPL, [1, 2, 3], JSON, 400, id="body-not-an-object"),
+    pytest.param(CMPL, b"prompt=Hello", "application/x-www-form-urlencoded", 415,
+                 id="form-content-type"),
+    pytest.param(CHAT, b'{"messages": []}', "text/plain", 415, id="text-content-type"),
+]
+
+
+def assert_openai_error(resp: httpx.Response, status: int) -> dict:
+    assert resp.status_code == status, resp.text
+    error = resp.json()["error"]
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"]
+    assert "param" in error and "code" in error
+    return error
+
+
+@pytest.mark.parametrize(("path", "body", "content_type", "status"), BAD_REQUESTS)
+def test_malformed_request(server: LiveServer, path: str, body, content_type: str,
+                           status: int):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    resp = httpx.post(server.url + path, content=content, timeout=30,
+                      headers={**AUTH, "Content-Type": content_type})
+    assert_openai_error(resp, status)
+
+
+def test_routing_errors_have_openai_shape(server: LiveServer):
+    assert_openai_error(httpx.get(f"{server.url}/v1/completions", headers=AUTH), 405)
+    assert_openai_error(httpx.get(f"{server.url}/v1/nothing-here", headers=AUTH), 404)
+
+
+def test_serves_normally_after_bad_requests(server: LiveServer):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    resp = client.completions.create(model=NAME, prompt="The capital of France is",
+                                     max_tokens=4, temperature=0)
+    assert resp.choices[0].text and resp.usage.completion_tokens == 4
+    assert kv_pool_is_free(server)
+
+
+# ---- API key -----------------------------------------------------------------------------------
+def test_api_key_enforced(server: LiveServer):
+    url = f"{server.url}/v1/chat/completions"
+    assert_openai_error(httpx.post(url, json=chat()), 401)
+    assert_openai_error(httpx.post(url, json=chat(), headers={"Authorization": "Bearer no"}),
+                        401)
+    assert_openai_error(httpx.post(url, json=chat(), headers={"Authorization": KEY}), 401)
+    # The key is checked before the body is even parsed.
+    assert_openai_error(httpx.post(url, content=b"{oops", headers={"Content-Type": JSON}), 401)
+    assert httpx.post(url, json=chat(), headers=AUTH).status_code == 200
+    assert httpx.get(f"{server.url}/v1/models", headers=AUTH).json()["data"][0]["id"] == NAME
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
+    # Probes and scrapers need no key.
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    assert httpx.get(f"{server.url}/metrics").status_code == 200
+
+
+# ---- overload ----------------------------------------------------------------------------------
+def test_burst_past_max_queue_gets_429s(server: LiveServer):
+    async def one(client: httpx.AsyncClient) -> httpx.Response:
+        return await client.post("/v1/completions", json=completion(
+            max_tokens=8, ignore_eos=True, temperature=0))
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
+            return await asyncio.gather(*(one(client) for _ in range(16)))
+
+    responses = asyncio.run(burst())
+    ok = [r for r in responses if r.status_code == 200]
+    rejected = [r for r in responses if r.status_code != 200]
+    assert len(ok) >= 4 and rejected, [r.status_code for r in responses]
+    for r in rejected:
+        assert assert_openai_error(r, 429)["type"] == "rate_limit_error"
+    assert all(r.json()["usage"]["completion_tokens"] == 8 for r in ok)
+    assert wait_until(lambda: kv_pool_is_free(server))
+
+
+# ---- shutdown (last: it stops this module's server) ------------------------------------------
+def test_sigterm_drains_then_exits_zero(server: LiveServer):
+    body = completion(max_tokens=16, ignore_eos=True, temperature=0, stream=True)
+    events: list[str] = []
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH,
+                      timeout=30) as resp:
+        for line in resp.iter_lines():
+            if not line:
+                continue
+            events.append(line.removeprefix("data: "))
+            if len(events) == 1:
+                server.proc.send_signal(signal.SIGTERM)
+                t0 = time.monotonic()
+    # The response in flight was allowed to finish...
+    assert events[-1] == "[DONE]"
+    assert [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1]][-1] == "length"
+    # ...then the process stopped cleanly and promptly.
+    assert server.proc.wait(timeout=15) == 0, server.output()
+    assert time.monotonic() - t0 < 15
