@@ -1,11 +1,11 @@
-# specserve: `make run` sets up .venv and runs the main job; `make test` sets up and runs the tests.
+# specserve: `make serve` sets up .venv and serves the embedded model; `make test` runs the tests.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup serve demo test lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -19,7 +19,10 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
-run: setup
+serve: setup
+	$(BIN)/specserve serve --host 127.0.0.1 --port 8000
+
+demo: setup
 	$(BIN)/specserve generate --chat --prompt "Explain speculative decoding in two sentences." --max-tokens 64
 	$(BIN)/specserve bench offline --concurrency 1,8,32 --input-len 128 --output-len 64
 

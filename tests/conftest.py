@@ -10,7 +10,8 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# SPECSERVE_TEST_THREADS=1 keeps a test run from starving a benchmark (or another run) beside it.
+torch.set_num_threads(int(os.environ.get("SPECSERVE_TEST_THREADS", min(2, os.cpu_count() or 1))))
 
 # Varied prompts: prose, code, lists, chat-formatted, non-English, numbers.
 PROMPTS = [
