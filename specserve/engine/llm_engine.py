@@ -17,6 +17,7 @@ from specserve.engine.scheduler import Scheduler
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
 from specserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.sample.emit import emit_tokens
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode import build_proposer
@@ -61,7 +62,8 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.dtype = config.torch_dtype
         self.model = build_model(cfg, loaded.state_dict, self.dtype)
-        self.weight_bytes = sum(p.nbytes for p in self.model.parameters())
+        apply_quantization(self.model, config.quantization, loaded.raw_quantized)
+        self.weight_bytes = model_nbytes(self.model)
         cache = config.cache
         kv_dtype = (self.dtype if cache.kv_cache_dtype == "auto"
                     else parse_dtype(cache.kv_cache_dtype))

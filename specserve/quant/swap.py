@@ -94,3 +94,34 @@ def linear_weight_nbytes(model: nn.Module) -> int:
         elif isinstance(m, nn.Linear):
             total += m.weight.nbytes
     return total
+
+
+QUANTIZATION_METHODS = ("int8", "int4", "fp8", "gguf")
+
+
+def apply_quantization(model: nn.Module, method: str | None,
+                       raw_quantized: Mapping[str, tuple[np.ndarray, str]] | None = None
+                       ) -> nn.Module:
+    """The engine's entry point: `method` None leaves the model as is; "gguf" runs the GGUF's
+    own Q4_1 rows (the embedded model) without requantizing; the rest quantize in place."""
+    if method is None:
+        return model
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(f"unknown quantization {method!r}; choose one of {QUANTIZATION_METHODS}")
+    if method != "gguf":
+        return quantize_model(model, method)
+    rows = {name: raw for name, (raw, qtype) in (raw_quantized or {}).items() if qtype == "Q4_1"}
+    if not rows:
+        raise ValueError("quantization='gguf' runs a GGUF file's own Q4_1 weights: load a .gguf "
+                         "model with Q4_1 tensors (the embedded model has them)")
+    return replace_with_gguf(model, rows)
+
+
+def model_nbytes(model: nn.Module) -> int:
+    """Bytes of every parameter and buffer (tied tensors counted once)."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.nbytes
+    return total

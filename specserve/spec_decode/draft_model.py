@@ -24,6 +24,7 @@ from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
 from specserve.engine.request import Request
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
+from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.sample.rejection_sampler import sample_from_probs
 from specserve.sample.sampler import compute_probs
 from specserve.spec_decode.config import SpeculativeConfig
@@ -80,11 +81,11 @@ class DraftModelProposer(Proposer):
                   if not k.startswith("layers.") or int(k.split(".")[1]) < spec.draft_layers}
         self.model_config = cfg
         self.model = build_model(cfg, sd, dtype)
-        if spec.quantization:
-            from specserve.quant.swap import quantize_model
-
-            quantize_model(self.model, spec.quantization)
-        self.weight_bytes = sum(p.nbytes for p in self.model.parameters())
+        raw = loaded.raw_quantized
+        if spec.draft_layers is not None:
+            raw = {k: v for k, v in raw.items() if int(k.split(".")[1]) < spec.draft_layers}
+        apply_quantization(self.model, spec.quantization, raw)
+        self.weight_bytes = model_nbytes(self.model)
         num_blocks = max(spec.kv_cache_memory // (block_size * kv_bytes_per_token(cfg, dtype)), 1)
         self.runner = ModelRunner(self.model, cfg, CacheConfig(block_size=block_size),
                                   num_blocks, dtype)
