@@ -130,6 +130,28 @@ def cmd_bench_offline(args: argparse.Namespace) -> None:
                        "stats": llm.get_stats()}, f, indent=2)
 
 
+def cmd_bench_profile(args: argparse.Namespace) -> None:
+    from specserve.bench.step_profile import format_profile, profile_decode_step
+
+    llm = make_llm(args)
+    rows = [profile_decode_step(llm, int(c), args.context) for c in args.concurrency.split(",")]
+    print(format_profile(rows))
+
+
+def cmd_quality(args: argparse.Namespace) -> None:
+    from specserve.bench.quality import format_quality, run_quality
+
+    configs: list[dict] = [{}]
+    configs += [{"quantization": q} for q in args.quantization.split(",") if q]
+    configs += [{"kv_cache_dtype": d} for d in args.kv_cache_dtype.split(",") if d]
+    rows = run_quality(configs, args.num_tokens, args.num_prompts, args.max_tokens,
+                       dtype=args.dtype, kv_cache_memory=args.kv_cache_memory)
+    print(format_quality(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -153,6 +175,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run Hugging Face generate (static batching) on the same prompts")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
     p.set_defaults(func=cmd_bench_offline)
+    p = bench.add_parser("profile", help="split a decode step into matmul / attention / other")
+    add_engine_args(p)
+    p.add_argument("--concurrency", default="1,32")
+    p.add_argument("--context", type=int, default=128)
+    p.set_defaults(func=cmd_bench_profile)
+    p = sub.add_parser("quality", help="perplexity and greedy agreement of quantized modes")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--quantization", default="int8,int4,gguf,fp8")
+    p.add_argument("--kv-cache-dtype", default="int8,fp8_e4m3")
+    p.add_argument("--kv-cache-memory", type=parse_memory, default=256 << 20)
+    p.add_argument("--num-tokens", type=int, default=8192)
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--json", default=None)
+    p.set_defaults(func=cmd_quality)
+    from specserve.bench.cli import add_bench_parsers  # bench lab, sweep, online
+
+    add_bench_parsers(bench)
     add_serve_parser(sub)
     return parser
 

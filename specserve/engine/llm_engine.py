@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
 
 import torch
 
-from specserve.config import EngineConfig, parse_dtype
+from specserve.config import EngineConfig
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.detokenizer import detokenize_incrementally, find_stop_string
 from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
 from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler
+from specserve.layers.kv_cache import resolve_kv_dtype
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
 from specserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -41,6 +43,9 @@ class EngineStats:
     verify_time: float = 0.0  # seconds in target forwards of steps that verified drafts
 
 
+logger = logging.getLogger("specserve")
+
+
 def _available_memory() -> int:
     with open("/proc/meminfo") as f:
         for line in f:
@@ -65,23 +70,34 @@ class LLMEngine:
         apply_quantization(self.model, config.quantization, loaded.raw_quantized)
         self.weight_bytes = model_nbytes(self.model)
         cache = config.cache
-        kv_dtype = (self.dtype if cache.kv_cache_dtype == "auto"
-                    else parse_dtype(cache.kv_cache_dtype))
-        block_bytes = cache.block_size * kv_bytes_per_token(cfg, kv_dtype)
+        kv_dtype = resolve_kv_dtype(cache.kv_cache_dtype, self.dtype)
+        # A draft model shares the memory budget: its weights and its own KV pool come out of
+        # kv_cache_memory, and the two pools hold the same number of tokens (the seed's
+        # "dual KV cache" cost, made real and reported).
+        self.spec_config = SpeculativeConfig.from_dict(config.speculative_config)
+        self.proposer = build_proposer(self.spec_config, config, self.tokenizer, cache.block_size)
+        draft_weights = self.proposer.weight_bytes if self.proposer else 0
+        draft_per_token = self.proposer.kv_bytes_per_token if self.proposer else 0
+        token_bytes = kv_bytes_per_token(cfg, kv_dtype)
         budget = cache.kv_cache_memory
         if isinstance(budget, float):
             budget = int(budget * _available_memory())
-        num_blocks = cache.num_blocks or max(budget // block_bytes, 1)
+        num_blocks = cache.num_blocks or max(
+            (budget - draft_weights) // (cache.block_size * (token_bytes + draft_per_token)), 1)
         self.runner = ModelRunner(self.model, cfg, cache, num_blocks, kv_dtype)
         self.block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
+        if self.proposer is not None:
+            self.proposer.allocate_kv_cache(num_blocks)
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.max_model_len = min(cfg.max_position, num_blocks * cache.block_size)
+        logger.info("KV cache: %d blocks x %d tokens, %s, %.0f MiB; holds %d tokens = %d "
+                    "concurrent 1k-token sequences", num_blocks, cache.block_size, kv_dtype,
+                    self.runner.kv_cache_bytes / 2**20, num_blocks * cache.block_size,
+                    num_blocks * cache.block_size // 1024)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
         self._last_draft_time = 0.0
         self.profile_time = 0.0  # start-up profile of the cost model (seconds)
-        self.spec_config = SpeculativeConfig.from_dict(config.speculative_config)
-        self.proposer = build_proposer(self.spec_config, config, self.tokenizer, cache.block_size)
         self.spec_policy = self._build_policy(config.speculation_policy)
         self.load_time = time.perf_counter() - t0
         self._next_id = 0
@@ -340,6 +356,8 @@ class LLMEngine:
             "prefix_cache_hits": bm.num_prefix_hits,
             "weight_bytes": self.weight_bytes,
             "kv_cache_bytes": self.runner.kv_cache_bytes,
+            "kv_cache_dtype": str(self.runner.kv_caches[0].dtype).replace("torch.", ""),
+            "max_concurrent_1k_seqs": bm.num_blocks * bm.block_size // 1024,
             "forward_time_s": s.forward_time,
             "step_time_s": s.step_time,
             **self.spec_stats(),

@@ -9,7 +9,10 @@ import torch
 
 from specserve.config import CacheConfig, ModelConfig
 from specserve.engine.request import Request
+from specserve.layers import paged_attention_ext
 from specserve.layers.attention import AttentionMetadata, AttnGroup
+from specserve.layers.kv_cache import LayerKVCache
+from specserve.layers.kv_cache import kv_bytes_per_token as layer_kv_bytes
 from specserve.models.llama import LlamaModel
 
 # Queries up to this long (decodes, speculative verification) share one attention group.
@@ -17,7 +20,7 @@ SHORT_QUERY_LEN = 16
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    return 2 * cfg.num_layers * cfg.kv_size * dtype.itemsize
+    return layer_kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
 
 
 @dataclass(slots=True)
@@ -35,17 +38,35 @@ class ModelRunner:
         self.model = model
         self.cfg = cfg
         self.block_size = cache_cfg.block_size
-        self.dtype = next(model.parameters()).dtype
+        self.dtype = model.embed_tokens.weight.dtype
         self.num_blocks = num_blocks
         num_slots = num_blocks * self.block_size
-        shape = (num_slots, cfg.num_kv_heads, cfg.head_dim)
-        # One K and one V pool per layer, indexed by slot = block_id * block_size + offset.
-        self.kv_caches = [(torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype))
-                          for _ in range(cfg.num_layers)]
+        # One pool per layer, indexed by slot = block_id * block_size + offset.
+        self.kv_caches = [LayerKVCache(num_slots, cfg.num_kv_heads, cfg.head_dim, kv_dtype,
+                                       self.dtype) for _ in range(cfg.num_layers)]
+        # Short queries read the pool in place with the fused kernel when it can.
+        self.use_kernel = (kv_dtype == self.dtype and kv_dtype in (torch.bfloat16, torch.float32)
+                           and paged_attention_ext.available())
 
     @property
     def kv_cache_bytes(self) -> int:
-        return sum(k.nbytes + v.nbytes for k, v in self.kv_caches)
+        return sum(c.nbytes for c in self.kv_caches)
+
+    def _kernel_group(self, reqs: list[tuple[Request, int]]) -> AttnGroup:
+        """Metadata for the fused kernel: block tables plus each token's sequence/position."""
+        q_lens = [n for _, n in reqs]
+        max_blocks = max(len(r.block_ids) for r, _ in reqs)
+        table = np.zeros((len(reqs), max_blocks), dtype=np.int32)
+        for i, (r, _) in enumerate(reqs):
+            table[i, : len(r.block_ids)] = r.block_ids
+        token_seq = np.repeat(np.arange(len(reqs), dtype=np.int32), q_lens)
+        token_pos = np.concatenate([np.arange(r.num_computed_tokens, r.num_computed_tokens + n,
+                                              dtype=np.int32) for r, n in reqs])
+        return AttnGroup(num_seqs=len(reqs), max_query_len=max(q_lens),
+                         max_context_len=int(token_pos.max()) + 1, num_tokens=len(token_pos),
+                         block_tables=torch.from_numpy(table),
+                         token_seq=torch.from_numpy(token_seq),
+                         token_pos=torch.from_numpy(token_pos))
 
     def _group(self, reqs: list[tuple[Request, int]]) -> AttnGroup:
         bs = self.block_size
@@ -102,9 +123,14 @@ class ModelRunner:
             positions.append(pos)
             table = np.asarray(req.block_ids)
             slot_mapping.append(table[pos // bs] * bs + pos % bs)
-        groups = [self._group([scheduled[i] for i in part]) for part in (short, long) if part]
+        groups = []
+        if short:
+            reqs = [scheduled[i] for i in short]
+            groups.append(self._kernel_group(reqs) if self.use_kernel else self._group(reqs))
+        if long:
+            groups.append(self._group([scheduled[i] for i in long]))
         meta = AttentionMetadata(slot_mapping=torch.from_numpy(np.concatenate(slot_mapping)),
-                                 groups=groups)
+                                 groups=groups, block_size=bs)
         return StepInputs(torch.tensor(ids, dtype=torch.long),
                           torch.from_numpy(np.concatenate(positions)), meta, order, query_start)
 

@@ -1,15 +1,16 @@
 """Paged attention for a flat batch of variable-length sequences.
 
-The KV cache of one layer is a flat pool of slots `[num_blocks * block_size, num_kv_heads,
-head_dim]`. A sequence's keys live in the slots its block table names. Each step, the model runner
-turns the block tables into gather indices once; every layer then reads K/V through those indices
-in one `index_select` per group and runs one batched SDPA per group: no per-sequence Python loop
-inside a layer, and no concatenation of per-sequence caches.
+Each layer's KV pool (kv_cache.py) is a flat array of slots; a sequence's keys live in the slots
+its block table names. Sequences are split into at most two groups:
 
-Sequences are split into at most two groups so that padding stays cheap: short queries (decodes
-and speculative verification, a few tokens each) and long ones (prefill chunks). Each group is
-padded to its longest query and longest context. (A fused kernel that reads the blocks in
-place would save the gather's extra pass over K/V; see docs/performance.md.)
+- short queries (decodes, speculative verification: a few tokens each) go to the fused C++ kernel
+  (paged_attention_ext.py), which reads K/V in place through the block tables;
+- long queries (prefill chunks), and every query when the kernel is unavailable or the pool is
+  8-bit, take the PyTorch path: gather each sequence's K/V through its block table with one
+  `index_select`, then two batched matmuls per group, padded to the group's longest query and
+  context. (CPU SDPA is ~10x slower than this for short queries, measured; docs/performance.md.)
+
+No per-sequence Python loop runs inside a layer, and caches are never concatenated.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.layers import paged_attention_ext
+from specserve.layers.kv_cache import LayerKVCache
+
 
 @dataclass(slots=True)
 class AttnGroup:
@@ -25,60 +29,65 @@ class AttnGroup:
     max_query_len: int
     max_context_len: int
     num_tokens: int  # real (unpadded) query tokens of this group, contiguous in the flat batch
+    # Fused-kernel path: the group's block tables and each query token's sequence and position.
+    block_tables: torch.Tensor | None = None  # [num_seqs, max_blocks] int32
+    token_seq: torch.Tensor | None = None  # [num_tokens] int32
+    token_pos: torch.Tensor | None = None  # [num_tokens] int32
+    # Gather path:
     # [num_seqs * max_query_len] flat token index for each padded query slot (None: no padding)
-    query_gather: torch.Tensor | None
-    # [num_tokens] padded position of each real token (None: no padding)
-    query_scatter: torch.Tensor | None
-    kv_gather: torch.Tensor  # [num_seqs * max_context_len] cache slot of each context position
-    attn_bias: torch.Tensor  # [num_seqs, max_query_len, max_context_len]: 0 attend, -inf not
+    query_gather: torch.Tensor | None = None
+    query_scatter: torch.Tensor | None = None  # [num_tokens] padded position of each real token
+    kv_gather: torch.Tensor | None = None  # [num_seqs * max_context_len] slot of each position
+    attn_bias: torch.Tensor | None = None  # [num_seqs, max_query_len, max_context_len] 0 / -inf
 
 
 @dataclass(slots=True)
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] cache slot where each new token's K/V is written
     groups: list[AttnGroup]
+    block_size: int
 
 
 def paged_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
     k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
     v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    k_cache: torch.Tensor,  # [num_slots, num_kv_heads, head_dim]
-    v_cache: torch.Tensor,
+    cache: LayerKVCache,
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
     # The new tokens' K/V go into the pool first, so a query sees itself and its own chunk.
-    k_cache.index_copy_(0, meta.slot_mapping, k.to(k_cache.dtype))
-    v_cache.index_copy_(0, meta.slot_mapping, v.to(v_cache.dtype))
+    cache.write(meta.slot_mapping, k, v)
     outs = []
     start = 0
     for g in meta.groups:
         qg = q[start:start + g.num_tokens]
         start += g.num_tokens
+        if g.block_tables is not None:
+            outs.append(paged_attention_ext.paged_attention_short(
+                qg.contiguous(), cache.k, cache.v, g.block_tables, g.token_seq, g.token_pos,
+                meta.block_size, scale))
+            continue
         if g.query_gather is not None:
             qg = qg.index_select(0, g.query_gather)
-        out = _gather_attention(qg, k_cache, v_cache, g, scale)
+        out = _gather_attention(qg, cache, g, scale)
         if g.query_scatter is not None:
             out = out.index_select(0, g.query_scatter)
         outs.append(out)
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def _gather_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                      g: AttnGroup, scale: float) -> torch.Tensor:
-    """Gather each sequence's K/V through its block table, then two batched matmuls per group.
-    q: [num_seqs * max_query_len, num_heads, head_dim] -> [same, num_heads * head_dim].
-    (The CPU SDPA kernel is ~10x slower than this for short queries, measured.)"""
+def _gather_attention(q: torch.Tensor, cache: LayerKVCache, g: AttnGroup,
+                      scale: float) -> torch.Tensor:
+    """q: [num_seqs * max_query_len, num_heads, head_dim] -> [same, num_heads * head_dim]."""
     b, nq, c = g.num_seqs, g.max_query_len, g.max_context_len
     num_heads, head_dim = q.shape[1], q.shape[2]
-    kvh = k_cache.shape[1]
+    k, v = cache.gather(g.kv_gather)  # [b * c, kvh, head_dim] each
+    kvh = k.shape[1]
     grp = num_heads // kvh  # query heads per KV head (GQA); head h reads KV head h // grp
     # [b * kvh, c, head_dim]
-    k = k_cache.index_select(0, g.kv_gather).view(b, c, kvh, head_dim).transpose(1, 2)
-    k = k.reshape(b * kvh, c, head_dim).to(q.dtype)
-    v = v_cache.index_select(0, g.kv_gather).view(b, c, kvh, head_dim).transpose(1, 2)
-    v = v.reshape(b * kvh, c, head_dim).to(q.dtype)
+    k = k.view(b, c, kvh, head_dim).transpose(1, 2).reshape(b * kvh, c, head_dim)
+    v = v.view(b, c, kvh, head_dim).transpose(1, 2).reshape(b * kvh, c, head_dim)
     # [b * kvh, grp * nq, head_dim]
     qh = q.view(b, nq, kvh, grp, head_dim).permute(0, 2, 3, 1, 4).reshape(b * kvh, grp * nq,
                                                                              head_dim)

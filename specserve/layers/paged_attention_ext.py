@@ -181,8 +181,11 @@ def paged_attention_short(
     block_tables[s, p // block_size] * block_size + p % block_size. GQA: head h reads KV head
     h // (num_heads // num_kv_heads). Returns [num_tokens, num_heads * head_dim] in q's dtype.
 
-    max_parts: cap on key partitions per sequence (0: automatic, used when there are too few
-    (sequence, KV head) items for the threads; 1: never split).
+    Consecutive tokens of one sequence (up to 16) form one work item and share each K/V load,
+    so keep a sequence's query tokens adjacent. The GIL is released while the kernel runs.
+
+    max_parts: cap on key partitions per sequence (0: automatic, used when there are fewer than
+    4 sequences per thread and long contexts; 1: never split).
     """
     module = _load()
     if module is None:

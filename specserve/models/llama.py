@@ -13,6 +13,7 @@ from torch import nn
 
 from specserve.config import ModelConfig
 from specserve.layers.attention import AttentionMetadata, paged_attention
+from specserve.layers.kv_cache import LayerKVCache
 from specserve.layers.rotary import RotaryEmbedding, apply_rotary
 
 
@@ -36,8 +37,7 @@ class Attention(nn.Module):
         self.scale = cfg.head_dim ** -0.5
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                kv_cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata
-                ) -> torch.Tensor:
+                kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:
         c = self.cfg
         n = x.shape[0]
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
@@ -45,7 +45,7 @@ class Attention(nn.Module):
         qk = apply_rotary(qkv[:, : c.q_size + c.kv_size].view(n, -1, c.head_dim), cos, sin)
         q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)
         v = qkv[:, c.q_size + c.kv_size:].view(n, c.num_kv_heads, c.head_dim)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)
+        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
         return self.o_proj(out)
 
 
@@ -87,7 +87,7 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                kv_caches: list[LayerKVCache],
                 meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden]."""
         x = self.embed_tokens(input_ids)

@@ -16,7 +16,9 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     quantization: str | None = None  # the draft's own weight quantization
-    kv_cache_memory: int = 256 << 20  # the draft's own KV pool
+    # The draft's own KV pool in bytes; None: as many tokens as the target's pool, both paid
+    # from the engine's kv_cache_memory.
+    kv_cache_memory: int | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

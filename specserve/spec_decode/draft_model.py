@@ -86,15 +86,23 @@ class DraftModelProposer(Proposer):
             raw = {k: v for k, v in raw.items() if int(k.split(".")[1]) < spec.draft_layers}
         apply_quantization(self.model, spec.quantization, raw)
         self.weight_bytes = model_nbytes(self.model)
-        num_blocks = max(spec.kv_cache_memory // (block_size * kv_bytes_per_token(cfg, dtype)), 1)
-        self.runner = ModelRunner(self.model, cfg, CacheConfig(block_size=block_size),
-                                  num_blocks, dtype)
-        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
-        self.kv_cache_bytes = self.runner.kv_cache_bytes
+        self.dtype = dtype
+        self.block_size = block_size
+        self.kv_bytes_per_token = kv_bytes_per_token(cfg, dtype)
+        self.kv_cache_memory = spec.kv_cache_memory
         self.seqs: dict[str, DraftSeq] = {}
         self.num_forwards = 0
         self.num_tokens_computed = 0
         self.time = 0.0
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        if self.kv_cache_memory is not None:  # an explicit size for the draft's pool
+            num_blocks = max(self.kv_cache_memory // (self.block_size * self.kv_bytes_per_token),
+                             1)
+        self.runner = ModelRunner(self.model, self.model_config,
+                                  CacheConfig(block_size=self.block_size), num_blocks, self.dtype)
+        self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching=False)
+        self.kv_cache_bytes = self.runner.kv_cache_bytes
 
     def _seq(self, req: Request) -> DraftSeq:
         seq = self.seqs.get(req.request_id)

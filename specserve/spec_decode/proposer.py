@@ -21,9 +21,13 @@ class Proposer(ABC):
     name: str = "proposer"
     weight_bytes: int = 0
     kv_cache_bytes: int = 0
+    kv_bytes_per_token: int = 0  # a draft model's KV cost per token (0: no cache)
 
     def __init__(self) -> None:
         self.last_forward_tokens: list[int] = []  # tokens per draft forward in the last propose
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:  # noqa: B027 (optional hook)
+        """Size the proposer's own KV pool (the engine decides, from the shared budget)."""
 
     def catch_up_tokens(self, req: Request) -> int:
         """Tokens the proposer must process before its first guess for req (cost model)."""

@@ -1,0 +1,289 @@
+"""`specserve bench lab | sweep | online`: flags, progress bar and output files.
+
+Only argparse is imported at the top: `specserve --help` must stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _common_engine_args(p: argparse.ArgumentParser) -> None:
+    """The flags every lab/sweep engine shares (each strategy adds its own on top)."""
+    from specserve.cli import parse_memory
+
+    p.add_argument("model", nargs="?", default=None,
+                   help="a local Hugging Face directory or .gguf file (default: the embedded "
+                        "SmolLM2-135M-Instruct)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--kv-cache-memory", type=parse_memory, default=1 << 30,
+                   help="each target's KV pool (default 1GiB; rag at concurrency 32 without "
+                        "prefix caching needs about 2GiB to avoid preemption)")
+    p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draft-model", default=None,
+                   help="a trained draft model directory instead of the 4-layer self-draft")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="generate exactly max_tokens per request")
+
+
+def _common_kwargs(args: argparse.Namespace) -> dict:
+    return {"dtype": args.dtype, "kv_cache_memory": args.kv_cache_memory,
+            "num_threads": args.num_threads, "seed": args.seed}
+
+
+def _out_dir(args: argparse.Namespace, kind: str) -> Path:
+    out = Path(args.out or f"bench-results/{kind}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _console():
+    """Rich's console; wide when the output is a file or a pipe (rich would default to 80
+    columns there and squeeze the tables)."""
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def _progress():
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn("{task.description:<42}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn())
+
+
+def _callback(progress, task):
+    def advance(desc: str, n: int) -> None:
+        progress.update(task, description=desc, advance=n)
+
+    return advance
+
+
+# ---- lab ----------------------------------------------------------------------------------------
+def cmd_lab(args: argparse.Namespace) -> None:
+    from specserve.bench import baselines
+    from specserve.bench.lab import (
+        PRESETS,
+        builtin_strategies,
+        estimate_seconds,
+        run_lab,
+        with_overrides,
+    )
+    from specserve.bench.machine import describe_machine
+    from specserve.bench.plots import lab_plots
+    from specserve.bench.report import add_summaries, lab_table, skipped_lines, write_json
+    from specserve.config import parse_dtype
+
+    preset = with_overrides(
+        PRESETS["quick" if args.quick else "full"],
+        workloads=_names(args.workloads) if args.workloads else None,
+        concurrency=_ints(args.concurrency) if args.concurrency else None,
+        repeats=args.repeats, num_prompts_override=args.num_prompts,
+        max_tokens_cap=args.max_tokens, ignore_eos=args.ignore_eos or None)
+    known = builtin_strategies(args.draft_model)
+    names = _names(args.strategies) if args.strategies else tuple(known)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown strategies {unknown}; known: {', '.join(known)}")
+    strategies = [known[n] for n in names]
+    common = _common_kwargs(args)
+    out = _out_dir(args, "lab")
+    console = _console()
+    console.print(f"preset {preset.name}: {', '.join(preset.workloads)} at concurrency "
+                  f"{', '.join(map(str, preset.concurrency))}, {len(strategies)} strategies; "
+                  f"estimated at most {estimate_seconds(preset, strategies) / 60:.1f} min "
+                  "on 2 cores")
+    total = len(strategies) * len(preset.workloads) * len(preset.concurrency)
+    if args.compare_hf:
+        total += baselines.num_baseline_points(preset)
+    with _progress() as progress:
+        advance = _callback(progress, progress.add_task("lab", total=total))
+        lab = run_lab(strategies, preset, common, args.model, advance)
+        if args.compare_hf:
+            baselines.run_baselines(lab, preset, args.model, parse_dtype(args.dtype),
+                                    args.num_threads, args.seed, advance)
+    results = {
+        "machine": describe_machine(dtype=args.dtype, seed=args.seed, repeats=preset.repeats,
+                                    preset=preset.name, num_threads=args.num_threads,
+                                    kv_cache_memory=args.kv_cache_memory),
+        "preset": asdict(preset),
+        "strategies": lab.strategies,
+        "points": add_summaries(lab.points),
+    }
+    write_json(out / "results.json", results)
+    pngs = lab_plots(results, out)
+    console.print(lab_table(results))
+    for line in skipped_lines(lab.strategies):
+        console.print(line, style="yellow")
+    console.print(f"wrote {out / 'results.json'} and {', '.join(p.name for p in pngs)}")
+
+
+def _add_lab(bench) -> None:
+    p = bench.add_parser("lab", help="the article's strategy table: strategies x workloads x "
+                                     "concurrency, in-process, with JSON and PNGs")
+    _common_engine_args(p)
+    p.add_argument("--quick", action="store_true",
+                   help="prose, json, rag at concurrency 1 and 16, outputs capped at 48 tokens "
+                        "(under 10 minutes on 2 cores)")
+    p.add_argument("--workloads", default=None, help="comma-separated (default: the preset's)")
+    p.add_argument("--strategies", default=None,
+                   help="comma-separated: vanilla, draft-static, ngram-static, adaptive-ngram, "
+                        "adaptive-draft, cache+quant (default: all)")
+    p.add_argument("--concurrency", default=None, help="e.g. 1,32 (default: the preset's)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="repetitions per point; figures become median [min-max]")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="prompts per point (default: max(2 x concurrency, 8))")
+    p.add_argument("--max-tokens", type=int, default=None, help="cap each item's max_tokens")
+    p.add_argument("--compare-hf", action="store_true",
+                   help="add Hugging Face generate (static batching, and prompt lookup at "
+                        "concurrency 1) and llama-cpp-python (if installed) rows")
+    p.add_argument("--out", default=None, help="output directory (default: bench-results/lab-*)")
+    p.set_defaults(func=cmd_lab)
+
+
+# ---- sweep --------------------------------------------------------------------------------------
+def cmd_sweep(args: argparse.Namespace) -> None:
+    from specserve.bench.lab import Preset
+    from specserve.bench.machine import describe_machine
+    from specserve.bench.plots import sweep_plots
+    from specserve.bench.report import sweep_table, write_json
+    from specserve.bench.sweep import SweepSettings, run_sweep, summarize_sweep, summary_lines
+
+    points = Preset("sweep", _names(args.workloads), _ints(args.concurrency),
+                    prompts_factor=args.num_prompts_factor, min_prompts=args.min_prompts,
+                    max_tokens_cap=args.max_tokens, ignore_eos=args.ignore_eos)
+    settings = SweepSettings(_names(args.proposers), _names(args.policies), points, args.k_max,
+                             args.draft_model, not args.no_prefix_caching)
+    out = _out_dir(args, "sweep")
+    console = _console()
+    total = (len(settings.proposers) * len(settings.policies) * len(points.workloads)
+             * len(points.concurrency))
+    with _progress() as progress:
+        advance = _callback(progress, progress.add_task("sweep", total=total))
+        cells, engines = run_sweep(settings, _common_kwargs(args), args.model, advance)
+    summary = summarize_sweep(cells)
+    write_json(out / "sweep.json", {
+        "machine": describe_machine(dtype=args.dtype, seed=args.seed, repeats=1,
+                                    preset="sweep", num_threads=args.num_threads,
+                                    kv_cache_memory=args.kv_cache_memory),
+        "settings": asdict(settings), "engines": engines, "cells": cells, "summary": summary})
+    pngs = sweep_plots(cells, out)
+    console.print(sweep_table(cells, settings.policies))
+    for s in (e for e in engines if e["status"] != "ok"):
+        console.print(f"skipped {s['proposer']} · {s['policy']}: {s['error']}", style="yellow")
+    for line in summary_lines(summary):
+        console.print(line)
+    console.print(f"wrote {out / 'sweep.json'} and {len(pngs)} PNGs")
+
+
+def _add_sweep(bench) -> None:
+    p = bench.add_parser("sweep", help="concurrency x workload x policy matrix per proposer: "
+                                       "does adaptive pick the best policy everywhere?")
+    _common_engine_args(p)
+    p.add_argument("--proposers", default="ngram,draft")
+    p.add_argument("--workloads", default="prose,json,rag")
+    p.add_argument("--policies", default="off,static:2,static:4,batch-threshold:8,adaptive")
+    p.add_argument("--concurrency", default="1,2,4,8,16,32,64")
+    p.add_argument("--num-prompts-factor", type=int, default=2,
+                   help="prompts per point: max(factor x concurrency, --min-prompts)")
+    p.add_argument("--min-prompts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=64, help="cap each item's max_tokens")
+    p.add_argument("--k-max", type=int, default=4,
+                   help="K_max of the policies without their own K (all but static:K)")
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--out", default=None, help="output directory (default: bench-results/sweep-*)")
+    p.set_defaults(func=cmd_sweep)
+
+
+# ---- online -------------------------------------------------------------------------------------
+def cmd_online(args: argparse.Namespace) -> None:
+    import httpx
+
+    from specserve.bench.lab import prepare_workload, run_workload, warm_up
+    from specserve.bench.machine import describe_machine
+    from specserve.bench.online import OnlineError, run_online
+    from specserve.bench.report import online_table, write_json
+    from specserve.bench.workloads import load_workload
+
+    items = load_workload(args.workload)
+    conc = _ints(args.concurrency)
+    console = _console()
+    console.print(f"online: {args.url} · {args.workload} · concurrency "
+                  f"{', '.join(map(str, conc))}")
+    try:
+        online = run_online(args.url, items, conc, args.num_prompts, model=args.served_model,
+                            api_key=args.api_key, max_tokens_cap=args.max_tokens,
+                            ignore_eos=args.ignore_eos, timeout=args.timeout)
+    except (OnlineError, httpx.HTTPError) as exc:  # a message, not a traceback
+        raise SystemExit(f"specserve: error: {args.url}: {exc}") from None
+    rows = [{"concurrency": c, "online": r} for c, r in zip(conc, online, strict=True)]
+    if args.compare_offline:
+        from specserve.cli import make_llm
+
+        llm = make_llm(args)
+        warm_up(llm.engine)
+        wl = prepare_workload(llm.engine, args.workload, items, cap=args.max_tokens)
+        for row, r in zip(rows, online, strict=True):
+            # The server never empties its prefix cache between points: neither do we.
+            row["offline"] = run_workload(llm.engine, wl, row["concurrency"], r["num_prompts"],
+                                          args.ignore_eos, reset_prefix_cache=False)
+    console.print(online_table(rows, f"specserve bench online — {online[0]['model']}"))
+    if args.out:
+        path = Path(args.out)
+        write_json(path, {"machine": describe_machine(url=args.url, workload=args.workload),
+                          "points": rows})
+        console.print(f"wrote {path}")
+
+
+def _add_online(bench) -> None:
+    from specserve.cli import add_engine_args
+
+    p = bench.add_parser("online", help="closed-loop streaming client against any "
+                                        "OpenAI-compatible server")
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--workload", default="prose")
+    p.add_argument("--concurrency", default="1,8,32")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="per concurrency (default: max(2 x concurrency, 8))")
+    p.add_argument("--max-tokens", type=int, default=None, help="cap each item's max_tokens")
+    p.add_argument("--api-key", default=os.environ.get("SPECSERVE_API_KEY"))
+    p.add_argument("--model", dest="served_model", default=None,
+                   help="the model name to send (default: the first in /v1/models)")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="send ignore_eos (a vLLM/llama.cpp/specserve extension)")
+    p.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
+    p.add_argument("--out", default=None, help="write the results to this JSON file")
+    p.add_argument("--compare-offline", action="store_true",
+                   help="also run the same points in-process with the engine flags below")
+    add_engine_args(p)
+    p.set_defaults(func=cmd_online)
+
+
+def add_bench_parsers(bench: argparse._SubParsersAction) -> None:
+    """Register `bench lab`, `bench sweep` and `bench online` (called from specserve.cli)."""
+    _add_lab(bench)
+    _add_sweep(bench)
+    _add_online(bench)

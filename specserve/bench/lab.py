@@ -1,0 +1,362 @@
+"""`specserve bench lab`: the article's strategy table, measured on our engine.
+
+Each strategy (a name plus engine kwargs) is built once and runs every workload at every
+concurrency as a *closed loop*: exactly `concurrency` requests are in flight, and as soon as one
+finishes the next one joins the running batch (continuous batching, not waves). Decoding is
+greedy; each request's `max_tokens` comes from its workload item, capped by the preset.
+
+Presets (run times from `estimate_seconds`: an upper bound on 2 CPU cores in bf16, assuming
+prefill ~1000 tok/s and decode ~50 tok/s at batch 1 growing to ~700 tok/s at batch 32, every
+request running to its max_tokens; requests that stop at EOS end sooner):
+
+- `quick`: prose, json, rag at concurrency 1 and 16, 8 prompts at 1 and 16 at 16, outputs capped
+  at 48 tokens, the 6 built-in strategies: at most ~9 minutes. Most of it is rag's 2.5k-token
+  prompts, which every strategy without prefix caching prefills in full (`--workloads
+  prose,json,sql` takes ~4 minutes).
+- `full`: all 5 workloads at concurrency 1, 8 and 32, max(2 x concurrency, 8) prompts per point,
+  the items' own max_tokens: at most ~36 minutes per repetition (`--repeats 3`: ~1 h 45).
+
+Speculative strategies run with prefix caching off, like `vanilla`, so that speculation is the
+only difference from the baseline; `cache+quant` is the one with prefix caching on.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+from specserve.bench.offline import percentile
+from specserve.bench.workloads import WORKLOAD_NAMES, WorkloadItem, load_workload
+from specserve.engine.llm_engine import LLMEngine
+from specserve.sampling_params import SamplingParams
+from specserve.spec_decode.config import METHODS
+
+# Engine counters that a run reports as the difference between its end and its start.
+_COUNTERS = ("num_steps", "num_prompt_tokens", "num_generated_tokens", "num_preemptions",
+             "num_draft_tokens", "num_accepted_tokens", "num_verifications",
+             "prefix_cache_queries", "prefix_cache_hits", "forward_time_s", "step_time_s",
+             "draft_time_s", "verify_time_s")
+_MEMORY = {"target_weight_bytes": "weight_bytes", "target_kv_bytes": "kv_cache_bytes",
+           "draft_weight_bytes": "draft_weight_bytes", "draft_kv_bytes": "draft_kv_cache_bytes",
+           "kv_blocks_total": "kv_blocks_total"}
+_STUCK_STEPS = 10_000  # consecutive steps with no output: the engine cannot make progress
+
+
+# ---- per-request records and the figures computed from them -------------------------------------
+@dataclass(slots=True)
+class RequestRecord:
+    prompt_tokens: int
+    output_tokens: int
+    ttft_s: float
+    tpot_s: float | None  # None for a one-token output: no inter-token interval exists
+    start_s: float = 0.0  # when it was submitted, relative to the run's start
+    end_s: float = 0.0  # when it finished, relative to the run's start
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return percentile(xs, q) if xs else None  # JSON has no NaN
+
+
+def latency_figures(records: Sequence[RequestRecord], wall_s: float) -> dict:
+    """Throughput and latency percentiles of one run (shared by the offline and online modes)."""
+    ttft = [r.ttft_s * 1e3 for r in records]
+    tpot = [r.tpot_s * 1e3 for r in records if r.tpot_s is not None]
+    output_tokens = sum(r.output_tokens for r in records)
+    return {
+        "num_requests": len(records),
+        "prompt_tokens": sum(r.prompt_tokens for r in records),
+        "output_tokens": output_tokens,
+        "wall_s": wall_s,
+        "output_tok_s": output_tokens / wall_s if wall_s > 0 else None,
+        "ttft_p50_ms": _pct(ttft, 50), "ttft_p99_ms": _pct(ttft, 99),
+        "tpot_p50_ms": _pct(tpot, 50), "tpot_p99_ms": _pct(tpot, 99),
+    }
+
+
+# ---- workloads as token ids ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class PreparedWorkload:
+    """A workload rendered through the chat template, with each item's output budget."""
+
+    name: str
+    prompts: list[list[int]]
+    max_tokens: list[int]
+
+    def take(self, n: int) -> list[tuple[list[int], int]]:
+        """The first n requests, cycling through the items."""
+        return [(self.prompts[i % len(self.prompts)], self.max_tokens[i % len(self.prompts)])
+                for i in range(n)]
+
+
+def item_max_tokens(item: WorkloadItem, cap: int | None = None, scale: float = 1.0) -> int:
+    m = max(1, round(item.max_tokens * scale))
+    return min(m, cap) if cap else m
+
+
+def prepare_workload(engine: LLMEngine, name: str, items: Sequence[WorkloadItem] | None = None,
+                     cap: int | None = None, scale: float = 1.0) -> PreparedWorkload:
+    items = load_workload(name) if items is None else items
+    return PreparedWorkload(name, [engine.apply_chat_template(i.messages) for i in items],
+                            [item_max_tokens(i, cap, scale) for i in items])
+
+
+# ---- the closed loop ----------------------------------------------------------------------------
+def _snapshot(engine: LLMEngine) -> dict:
+    stats = engine.get_stats()
+    policy = engine.spec_policy
+    stats["_abs_error_s"] = policy.abs_error_s if policy else 0.0
+    stats["_sum_actual_s"] = policy.sum_actual_s if policy else 0.0
+    return stats
+
+
+def engine_figures(before: dict, after: dict) -> dict:
+    """What the engine did during one run: counter deltas, speculation and memory figures."""
+    d = {k: after[k] - before[k] for k in _COUNTERS if k in after}
+    hist = Counter(after.get("spec_k_histogram") or {})
+    hist.subtract(before.get("spec_k_histogram") or {})
+    drafted, accepted, verified = d["num_draft_tokens"], d["num_accepted_tokens"], \
+        d["num_verifications"]
+    actual = after["_sum_actual_s"] - before["_sum_actual_s"]
+    total_k = sum(hist.values())
+    return {
+        **d,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "mean_accepted_length": (accepted + verified) / verified if verified else None,
+        "spec_k_histogram": {k: v for k, v in sorted(hist.items()) if v > 0},
+        "spec_k_mean": sum(k * v for k, v in hist.items()) / total_k if total_k else None,
+        "spec_step_time_rel_error": (after["_abs_error_s"] - before["_abs_error_s"]) / actual
+        if actual else None,
+        "prefix_cache_hit_rate": d["prefix_cache_hits"] / d["prefix_cache_queries"]
+        if d.get("prefix_cache_queries") else None,
+        **{ours: after.get(theirs, 0) for ours, theirs in _MEMORY.items()},
+    }
+
+
+def run_workload(engine: LLMEngine, workload: PreparedWorkload, concurrency: int,
+                 num_prompts: int, ignore_eos: bool = False,
+                 reset_prefix_cache: bool = True) -> dict:
+    """Run `num_prompts` requests with exactly `concurrency` in flight, driving the engine's
+    add_request/step loop directly so that a finished request is replaced before the next step.
+    Returns the run's figures plus one record per request."""
+    if reset_prefix_cache:
+        engine.block_manager.reset_prefix_cache()
+    todo = deque(enumerate(workload.take(num_prompts)))
+    records: list[RequestRecord | None] = [None] * num_prompts
+    in_flight: dict[str, int] = {}
+    bm = engine.block_manager
+    peak_blocks = max_in_flight = idle_steps = 0
+    before = _snapshot(engine)
+    t0 = time.perf_counter()
+    try:
+        while todo or in_flight:
+            while todo and len(in_flight) < concurrency:
+                i, (prompt, max_tokens) = todo.popleft()
+                params = SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                                        ignore_eos=ignore_eos)
+                in_flight[engine.add_request(prompt, params).request_id] = i
+            max_in_flight = max(max_in_flight, len(in_flight))
+            outputs = engine.step()
+            peak_blocks = max(peak_blocks, bm.num_blocks - bm.num_free_blocks)
+            idle_steps = 0 if outputs else idle_steps + 1
+            if idle_steps > _STUCK_STEPS:
+                raise RuntimeError("the engine made no progress (is the KV pool too small?)")
+            for out in outputs:
+                if out.finished and out.request_id in in_flight:
+                    records[in_flight.pop(out.request_id)] = _record(out, t0)
+    finally:
+        for rid in in_flight:  # interrupted: leave nothing running in the engine
+            engine.abort_request(rid)
+    wall = time.perf_counter() - t0
+    done = [r for r in records if r is not None]
+    return {"concurrency": concurrency, "num_prompts": num_prompts,
+            **latency_figures(done, wall), **engine_figures(before, _snapshot(engine)),
+            "kv_blocks_peak_used": peak_blocks, "max_in_flight": max_in_flight,
+            "requests": [asdict(r) for r in done]}
+
+
+def _record(out, t0: float) -> RequestRecord:
+    m = out.metrics
+    n = len(out.outputs[0].token_ids)
+    tpot = (m.finished_time - m.first_token_time) / (n - 1) if n > 1 else None
+    return RequestRecord(len(out.prompt_token_ids), n, m.first_token_time - m.arrival_time, tpot,
+                         m.arrival_time - t0, m.finished_time - t0)
+
+
+# ---- strategies and presets ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    engine_kwargs: dict
+    # Empty the prefix cache before each run, so that a point never profits from the previous one.
+    reset_prefix_cache: bool = True
+
+
+def proposer_config(proposer: str, k: int, draft_model: str | None = None) -> dict:
+    """A speculative_config: the draft proposer is the target's first 4 layers unless a trained
+    draft directory is given."""
+    if proposer == "draft":
+        return ({"method": "draft", "model": draft_model, "num_speculative_tokens": k}
+                if draft_model else
+                {"method": "draft", "draft_layers": 4, "num_speculative_tokens": k})
+    return {"method": proposer, "num_speculative_tokens": k}
+
+
+def builtin_strategies(draft_model: str | None = None, k: int = 4) -> dict[str, Strategy]:
+    """The article's rows. `draft_model`: a trained draft directory instead of the self-draft
+    (the target's first 4 layers)."""
+    draft = proposer_config("draft", k, draft_model)
+    ngram = proposer_config("ngram", k)
+    off = {"enable_prefix_caching": False}
+
+    def spec(cfg: dict, policy: str) -> dict:
+        return {**off, "speculative_config": cfg, "speculation_policy": policy}
+
+    rows = [Strategy("vanilla", off),
+            Strategy("draft-static", spec(draft, "static")),
+            Strategy("ngram-static", spec(ngram, "static")),
+            Strategy("adaptive-ngram", spec(ngram, "adaptive")),
+            Strategy("adaptive-draft", spec(draft, "adaptive"))]
+    if "eagle" in METHODS:  # only once the engine has an EAGLE proposer
+        rows.append(Strategy("eagle", spec({"method": "eagle", "num_speculative_tokens": k},
+                                           "static")))
+    rows.append(Strategy("cache+quant", {"enable_prefix_caching": True, "quantization": "int8",
+                                         "kv_cache_dtype": "int8"}))
+    return {s.name: s for s in rows}
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    workloads: tuple[str, ...]
+    concurrency: tuple[int, ...]
+    prompts_factor: int = 2  # prompts per point: clamp(factor x concurrency, min, max)
+    min_prompts: int = 8
+    max_prompts: int | None = None
+    num_prompts_override: int | None = None
+    max_tokens_cap: int | None = None
+    max_tokens_scale: float = 1.0
+    repeats: int = 1
+    ignore_eos: bool = False
+
+    def num_prompts(self, concurrency: int) -> int:
+        if self.num_prompts_override:
+            return self.num_prompts_override
+        n = max(self.prompts_factor * concurrency, self.min_prompts)
+        # Never fewer prompts than the concurrency: the point would not reach it.
+        return max(min(n, self.max_prompts), concurrency) if self.max_prompts else n
+
+
+PRESETS = {
+    "quick": Preset("quick", ("prose", "json", "rag"), (1, 16), prompts_factor=1, min_prompts=8,
+                    max_prompts=16, max_tokens_cap=48),
+    "full": Preset("full", WORKLOAD_NAMES, (1, 8, 32)),
+}
+
+
+def estimate_seconds(preset: Preset, strategies: Sequence[Strategy],
+                     prefill_tok_s: float = 1000.0) -> float:
+    """A rough upper bound of a lab run on 2 cores (bf16): every request runs to its max_tokens,
+    decode throughput is 50*c/(1+c/24) tok/s at batch c, prompts are prefilled cold (with
+    prefix caching, rag's shared document once per point), an engine takes ~6 s to build and
+    the adaptive policy's start-up profile ~6 s more."""
+    decode = prefill_cold = prefill_cached = 0.0
+    for name in preset.workloads:
+        items = load_workload(name)
+        tokens = [sum(len(m["content"]) for m in i.messages) / 4 for i in items]  # ~4 chars
+        outs = [item_max_tokens(i, preset.max_tokens_cap, preset.max_tokens_scale) for i in items]
+        for c in preset.concurrency:
+            n = preset.num_prompts(c)
+            prompts = [tokens[j % len(items)] for j in range(n)]
+            decode += sum(outs[j % len(items)] for j in range(n)) / (50 * c / (1 + c / 24))
+            prefill_cold += sum(prompts) / prefill_tok_s
+            shared = min(prompts) * 0.9 if name == "rag" else 0.0
+            prefill_cached += (sum(prompts) - shared * (n - 1)) / prefill_tok_s
+    total = 0.0
+    for s in strategies:
+        cached = s.engine_kwargs.get("enable_prefix_caching", True)  # the engine's default
+        run = decode + (prefill_cached if cached else prefill_cold)
+        setup = 12.0 if s.engine_kwargs.get("speculation_policy") == "adaptive" else 6.0
+        total += run * preset.repeats + setup
+    return total
+
+
+# ---- the lab ------------------------------------------------------------------------------------
+Progress = Callable[[str, int], None]  # (description, points just finished)
+
+
+@dataclass
+class LabRun:
+    strategies: list[dict] = field(default_factory=list)
+    points: list[dict] = field(default_factory=list)
+    workloads: dict[str, PreparedWorkload] = field(default_factory=dict)
+    eos_token_ids: tuple[int, ...] = ()  # the model's, for the baselines' stopping rule
+
+
+def warm_up(engine: LLMEngine) -> None:
+    """First forwards are slow (allocation, kernel selection): keep them out of the figures."""
+    prompt = engine.tokenize("Speculative decoding is")
+    for _ in range(2):
+        engine.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+
+
+def build_llm(model: str | None, kwargs: dict):
+    from specserve.llm import LLM
+
+    return LLM(model, **kwargs)
+
+
+def run_strategy(strategy: Strategy, preset: Preset, common: dict, model: str | None,
+                 lab: LabRun, progress: Progress) -> None:
+    """Build one engine and run every workload x concurrency x repeat on it. An engine that
+    refuses its options (one not implemented yet) becomes a 'skipped' row, not a crash."""
+    num_points = len(preset.workloads) * len(preset.concurrency)
+    progress(f"{strategy.name}: loading", 0)
+    row = {"name": strategy.name, "engine_kwargs": strategy.engine_kwargs}
+    try:
+        llm = build_llm(model, {**common, **strategy.engine_kwargs})
+        warm_up(llm.engine)
+    except (ValueError, NotImplementedError, ImportError) as exc:
+        lab.strategies.append({**row, "status": "skipped", "error": f"{type(exc).__name__}: {exc}"})
+        progress(f"{strategy.name}: skipped", num_points)
+        return
+    engine = llm.engine
+    for name in preset.workloads:
+        if name not in lab.workloads:  # rendered once, by the first engine that loads
+            lab.workloads[name] = prepare_workload(engine, name, cap=preset.max_tokens_cap,
+                                                   scale=preset.max_tokens_scale)
+    lab.eos_token_ids = engine.model_config.eos_token_ids
+    stats = engine.get_stats()
+    lab.strategies.append({**row, "status": "ok", "load_time_s": engine.load_time,
+                           "profile_time_s": engine.profile_time,
+                           **{ours: stats.get(theirs, 0) for ours, theirs in _MEMORY.items()}})
+    for name in preset.workloads:
+        for c in preset.concurrency:
+            progress(f"{strategy.name} · {name} · c={c}", 0)
+            runs = [run_workload(engine, lab.workloads[name], c, preset.num_prompts(c),
+                                 preset.ignore_eos, strategy.reset_prefix_cache)
+                    for _ in range(preset.repeats)]
+            lab.points.append({"strategy": strategy.name, "workload": name, "concurrency": c,
+                               "runs": runs})
+            progress(f"{strategy.name} · {name} · c={c}", 1)
+    del engine, llm
+    gc.collect()  # free this engine's weights and KV pool before the next one is built
+
+
+def run_lab(strategies: Sequence[Strategy], preset: Preset, common: dict,
+            model: str | None = None, progress: Progress | None = None) -> LabRun:
+    lab = LabRun()
+    max_c = max(preset.concurrency)
+    common = {"max_num_seqs": max(max_c, 128), **common}
+    for s in strategies:
+        run_strategy(s, preset, common, model, lab, progress or (lambda desc, n: None))
+    return lab
+
+
+def with_overrides(preset: Preset, **overrides) -> Preset:
+    """The preset with the options given on the command line (None: keep the preset's)."""
+    return replace(preset, **{k: v for k, v in overrides.items() if v is not None})

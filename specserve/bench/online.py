@@ -1,0 +1,119 @@
+"""`specserve bench online`: the same closed loop as the lab, over HTTP, against any
+OpenAI-compatible server (ours, vLLM, llama.cpp's server).
+
+Each request is a streaming chat completion (greedy). TTFT is measured at the first chunk that
+carries content; the token count comes from the final usage chunk (`stream_options.include_usage`),
+because one chunk may carry several tokens (a verified speculative run) or none; TPOT is the time
+from the first to the last content chunk over (tokens - 1).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+
+import httpx
+
+from specserve.bench.lab import RequestRecord, item_max_tokens, latency_figures
+from specserve.bench.workloads import WorkloadItem
+
+
+class OnlineError(RuntimeError):
+    pass
+
+
+async def discover_model(client: httpx.AsyncClient, url: str, headers: dict) -> str:
+    """The first model the server lists (what `--model` defaults to)."""
+    resp = await client.get(f"{url}/v1/models", headers=headers)
+    resp.raise_for_status()
+    data = resp.json().get("data") or []
+    if not data:
+        raise OnlineError(f"{url}/v1/models lists no model; pass --model")
+    return data[0]["id"]
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, headers: dict, body: dict
+                     ) -> RequestRecord:
+    t0 = time.perf_counter()
+    first = last = None
+    num_chunks_with_content = 0
+    usage = None
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body,
+                             headers=headers) as resp:
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")
+            raise OnlineError(f"HTTP {resp.status_code}: {text[:500]}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            chunk = json.loads(payload)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                if (choice.get("delta") or {}).get("content"):
+                    last = time.perf_counter()
+                    first = first or last
+                    num_chunks_with_content += 1
+    end = time.perf_counter()
+    # Without usage (a server that ignores stream_options) chunks are the best guess.
+    n = usage["completion_tokens"] if usage else num_chunks_with_content
+    prompt_tokens = usage["prompt_tokens"] if usage else 0
+    tpot = (last - first) / (n - 1) if first is not None and n > 1 else None
+    return RequestRecord(prompt_tokens, n, (first or end) - t0, tpot)
+
+
+async def run_online_point(url: str, items: Sequence[WorkloadItem], concurrency: int,
+                           num_prompts: int, model: str | None = None,
+                           api_key: str | None = None, max_tokens_cap: int | None = None,
+                           ignore_eos: bool = False, timeout: float = 600.0,
+                           warm_up: bool = True) -> dict:
+    """Closed loop: `concurrency` workers, each sending its next request as soon as its previous
+    one finished, until num_prompts have been sent (items cycled)."""
+    url = url.rstrip("/")
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        model = model or await discover_model(client, url, headers)
+        bodies = []
+        for i in range(num_prompts):
+            item = items[i % len(items)]
+            body = {"model": model, "messages": item.messages, "temperature": 0.0,
+                    "max_tokens": item_max_tokens(item, max_tokens_cap), "stream": True,
+                    "stream_options": {"include_usage": True}}
+            if ignore_eos:  # an extension (ours, vLLM and llama.cpp's server accept it)
+                body["ignore_eos"] = True
+            bodies.append(body)
+        if warm_up:  # the server's first forwards are slow: keep them out of the figures
+            await stream_one(client, url, headers, {**bodies[0], "max_tokens": 4})
+        records: list[RequestRecord | None] = [None] * num_prompts
+        next_index = iter(range(num_prompts))
+        t0 = time.perf_counter()
+
+        async def worker() -> None:
+            for i in next_index:  # a shared iterator: each index is taken exactly once
+                start = time.perf_counter() - t0
+                rec = await stream_one(client, url, headers, bodies[i])
+                rec.start_s, rec.end_s = start, time.perf_counter() - t0
+                records[i] = rec
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    done = [r for r in records if r is not None]
+    return {"concurrency": concurrency, "num_prompts": num_prompts, "model": model,
+            **latency_figures(done, wall),
+            "requests": [{"prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+                          "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "start_s": r.start_s,
+                          "end_s": r.end_s} for r in done]}
+
+
+def run_online(url: str, items: Sequence[WorkloadItem], concurrencies: Sequence[int],
+               num_prompts: int | None = None, **kw) -> list[dict]:
+    """One closed-loop point per concurrency (default max(2c, 8) prompts each)."""
+    return [asyncio.run(run_online_point(url, items, c, num_prompts or max(2 * c, 8),
+                                         warm_up=i == 0, **kw))
+            for i, c in enumerate(concurrencies)]

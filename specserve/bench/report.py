@@ -1,0 +1,214 @@
+"""Turning runs into results: the median and spread over repetitions, the JSON file, and the
+rich tables that `bench lab`, `bench sweep` and `bench online` print."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.table import Table
+
+_NOT_FIGURES = {"requests", "concurrency", "num_prompts"}
+# Counters pooled over all of a (strategy, workload)'s runs for the table's right-hand columns.
+_POOLED = ("num_draft_tokens", "num_accepted_tokens", "num_verifications", "num_preemptions")
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def summarize_runs(runs: Sequence[dict]) -> dict:
+    """Each figure of the repetitions as {"median", "min", "max"} (None where no run has it);
+    K histograms are summed."""
+    out: dict = {}
+    keys = dict.fromkeys(k for r in runs for k in r if k not in _NOT_FIGURES)
+    for k in keys:
+        values = [r.get(k) for r in runs]
+        if k == "spec_k_histogram":
+            total: Counter = Counter()
+            for v in values:
+                total.update(v or {})
+            out[k] = dict(sorted(total.items()))
+            continue
+        nums = [v for v in values if _is_number(v) and math.isfinite(v)]
+        out[k] = ({"median": statistics.median(nums), "min": min(nums), "max": max(nums)}
+                  if nums else None)
+    return out
+
+
+def pooled(points: Sequence[dict]) -> dict:
+    """Speculation and preemption figures over every run of the given points."""
+    sums = {k: sum(r.get(k) or 0 for p in points for r in p["runs"]) for k in _POOLED}
+    drafted, accepted, verified = (sums["num_draft_tokens"], sums["num_accepted_tokens"],
+                                   sums["num_verifications"])
+    return {**sums,
+            "acceptance_rate": accepted / drafted if drafted else None,
+            "mean_accepted_length": (accepted + verified) / verified if verified else None}
+
+
+def add_summaries(points: Sequence[dict]) -> list[dict]:
+    return [{**p, "summary": summarize_runs(p["runs"])} for p in points]
+
+
+def _clean(obj):
+    """JSON without NaN/inf (not valid JSON) and with plain keys."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_clean(data), indent=1, allow_nan=False))
+
+
+# ---- formatting ---------------------------------------------------------------------------------
+def fmt(entry: dict | float | None, digits: int = 1, scale: float = 1.0) -> str:
+    """A figure, or its median with the min..max spread when repetitions differ."""
+    if entry is None:
+        return "—"
+    if not isinstance(entry, dict):
+        return f"{entry * scale:.{digits}f}"
+    med, lo, hi = (entry[k] * scale for k in ("median", "min", "max"))
+    text = f"{med:.{digits}f}"
+    return text if lo == hi else f"{text} [{lo:.{digits}f}–{hi:.{digits}f}]"
+
+
+def _tput(v: float | None) -> str:
+    """Throughput: one decimal below 100 tok/s, where the tiny runs and batch 1 live."""
+    return "—" if v is None else f"{v:.1f}" if v < 100 else f"{v:.0f}"
+
+
+def _tput_entry(entry: dict | None) -> str:
+    return fmt(entry, 1 if entry and entry["median"] < 100 else 0)
+
+
+def _mb(n: float | None) -> str:
+    return "—" if n is None else f"{n / 2**20:.0f}"
+
+
+def _find(points: Sequence[dict], strategy: str, workload: str, c: int) -> dict | None:
+    return next((p for p in points if (p["strategy"], p["workload"], p["concurrency"])
+                 == (strategy, workload, c)), None)
+
+
+def lab_table(results: dict) -> Table:
+    """Strategy x workload: single-stream speed at the lowest concurrency, throughput and TTFT
+    at the highest, speculation, memory and preemptions."""
+    points = results["points"]
+    conc = sorted({p["concurrency"] for p in points}) or [1]
+    lo, hi = conc[0], conc[-1]
+    t = Table(title=f"specserve bench lab — {results['machine'].get('cpu_model', '')}")
+    for name, justify in [("strategy", "left"), ("workload", "left"),
+                          (f"TPOT p50 ms @{lo}", "right"), (f"tok/s/stream @{lo}", "right"),
+                          (f"tok/s @{hi}", "right"), (f"TTFT p50/p99 ms @{hi}", "right"),
+                          ("accept", "right"), ("acc len", "right"),
+                          ("target MB W+KV", "right"), ("draft MB W+KV", "right"),
+                          ("KV blocks peak/total", "right"), ("preempt", "right")]:
+        t.add_column(name, justify=justify, no_wrap=justify == "left")
+    workloads = list(dict.fromkeys(p["workload"] for p in points))
+    for s in results["strategies"]:
+        if s["status"] != "ok":
+            t.add_row(s["name"], "(skipped)", *["—"] * 10)
+            continue
+        for w in workloads:
+            mine = [p for p in points if p["strategy"] == s["name"] and p["workload"] == w]
+            if not mine:
+                continue
+            low, high = _find(mine, s["name"], w, lo), _find(mine, s["name"], w, hi)
+            ls, hs = (low or {}).get("summary", {}), (high or {}).get("summary", {})
+            pool = pooled(mine)
+            acc = pool["acceptance_rate"]
+            mal = pool["mean_accepted_length"]
+            peak = max((r.get("kv_blocks_peak_used") or 0) for p in mine for r in p["runs"])
+            ttft = f"{fmt(hs.get('ttft_p50_ms'), 0)}/{fmt(hs.get('ttft_p99_ms'), 0)}" if hs \
+                else "—"
+            t.add_row(
+                s["name"], w, fmt(ls.get("tpot_p50_ms"), 1), fmt(ls.get("output_tok_s"), 1),
+                _tput_entry(hs.get("output_tok_s")), ttft,
+                "—" if acc is None else f"{acc:.2f}", "—" if mal is None else f"{mal:.2f}",
+                f"{_mb(s.get('target_weight_bytes'))}+{_mb(s.get('target_kv_bytes'))}",
+                f"{_mb(s.get('draft_weight_bytes'))}+{_mb(s.get('draft_kv_bytes'))}"
+                if s.get("draft_weight_bytes") else "—",
+                f"{peak}/{s['kv_blocks_total']}" if s.get("kv_blocks_total") else "—",
+                str(pool["num_preemptions"]) if any("num_preemptions" in r for p in mine
+                                                    for r in p["runs"]) else "—")
+    return t
+
+
+def skipped_lines(strategies: Sequence[dict]) -> list[str]:
+    return [f"skipped {s['name']}: {s.get('error', '')}" for s in strategies
+            if s["status"] != "ok"]
+
+
+def sweep_table(cells: Sequence[dict], policies: Sequence[str]) -> Table:
+    """Per (proposer, workload, concurrency): tok/s and TPOT p50 per policy, and adaptive's
+    throughput relative to the best other policy and to `off`."""
+    t = Table(title="specserve bench sweep — output tok/s | TPOT p50 ms")
+    for name in ("proposer", "workload", "conc", *policies):
+        t.add_column(name, justify="left" if name in ("proposer", "workload") else "right")
+    with_ratios = "adaptive" in policies
+    if with_ratios:
+        t.add_column("adaptive/best", justify="right")
+        t.add_column("adaptive/off", justify="right")
+    for key, row in group_cells(cells).items():
+        proposer, workload, c = key
+        values = [f"{_tput(row[p].get('output_tok_s'))} | {fmt(row[p].get('tpot_p50_ms'), 1)}"
+                  if p in row else "—" for p in policies]
+        extra = []
+        if with_ratios:
+            r = adaptive_ratios(row)
+            extra = ["—" if r[k] is None else f"{r[k]:.2f}" for k in ("vs_best", "vs_off")]
+        t.add_row(proposer, workload, str(c), *values, *extra)
+    return t
+
+
+def group_cells(cells: Sequence[dict]) -> dict[tuple, dict[str, dict]]:
+    """{(proposer, workload, concurrency): {policy: run figures}} in first-seen order."""
+    rows: dict[tuple, dict[str, dict]] = {}
+    for cell in cells:
+        key = (cell["proposer"], cell["workload"], cell["concurrency"])
+        rows.setdefault(key, {})[cell["policy"]] = cell["run"]
+    return rows
+
+
+def adaptive_ratios(row: dict[str, dict]) -> dict:
+    """adaptive's throughput over the best other policy's, and over `off`'s."""
+    tput = {p: r.get("output_tok_s") for p, r in row.items() if r.get("output_tok_s")}
+    mine = tput.get("adaptive")
+    others = [v for p, v in tput.items() if p != "adaptive"]
+    return {"vs_best": mine / max(others) if mine and others else None,
+            "vs_off": mine / tput["off"] if mine and tput.get("off") else None,
+            "best_other": max((p for p in tput if p != "adaptive"), key=tput.get, default=None)}
+
+
+def online_table(rows: Sequence[dict], title: str) -> Table:
+    """Per concurrency: the online run, and the in-process one beside it when there is one."""
+    t = Table(title=title)
+    offline = any(r.get("offline") for r in rows)
+    for name in ("conc", "prompts", "out tokens", "tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms",
+                 *(("offline tok/s", "offline TPOT p50", "online/offline") if offline else ())):
+        t.add_column(name, justify="right")
+    for r in rows:
+        on = r["online"]
+        cols = [str(r["concurrency"]), str(on["num_requests"]), str(on["output_tokens"]),
+                fmt(on["output_tok_s"], 1),
+                f"{fmt(on['ttft_p50_ms'], 0)}/{fmt(on['ttft_p99_ms'], 0)}",
+                f"{fmt(on['tpot_p50_ms'], 1)}/{fmt(on['tpot_p99_ms'], 1)}"]
+        off = r.get("offline")
+        if offline:
+            ratio = (on["output_tok_s"] / off["output_tok_s"]
+                     if off and on["output_tok_s"] and off["output_tok_s"] else None)
+            cols += [fmt(off["output_tok_s"], 1) if off else "—",
+                     fmt(off["tpot_p50_ms"], 1) if off else "—",
+                     "—" if ratio is None else f"{ratio:.2f}"]
+        t.add_row(*cols)
+    return t

@@ -1,0 +1,62 @@
+"""`specserve bench profile`: where a decode step's time goes.
+
+Runs `concurrency` greedy requests into steady decode, then profiles a few steps with the torch
+profiler and splits each step into matmul time (aten::mm / addmm / linear kernels, quantized
+matmuls included), attention (bmm, softmax, gathers) and the rest (per-step overhead: Python,
+scheduling, small ops, dispatch).
+"""
+
+from __future__ import annotations
+
+import time
+
+from torch.profiler import ProfilerActivity, profile
+
+from specserve.bench.offline import make_prompts
+from specserve.llm import LLM
+from specserve.sampling_params import SamplingParams
+
+MATMUL_OPS = {"aten::mm", "aten::addmm", "aten::_weight_int8pack_mm",
+              "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int4pack_mm"}
+ATTENTION_OPS = {"aten::bmm", "aten::_softmax", "aten::index_select", "aten::index_copy_"}
+
+
+def profile_decode_step(llm: LLM, concurrency: int, context: int = 128,
+                        num_steps: int = 8) -> dict:
+    engine = llm.engine
+    prompts = make_prompts(llm.get_tokenizer(), concurrency, context)
+    params = SamplingParams(temperature=0, max_tokens=10_000, ignore_eos=True)
+    ids = [engine.add_request(p, params).request_id for p in prompts]
+    try:
+        while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running) \
+                or engine.scheduler.waiting:
+            engine.step()
+        for _ in range(3):
+            engine.step()
+        t0 = time.perf_counter()
+        for _ in range(num_steps):
+            engine.step()
+        wall = (time.perf_counter() - t0) / num_steps
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(num_steps):
+                engine.step()
+        ops = {e.key: e.self_cpu_time_total / 1e3 / num_steps for e in prof.key_averages()}
+    finally:
+        for rid in ids:
+            engine.abort_request(rid)
+    matmul = sum(v for k, v in ops.items() if k in MATMUL_OPS)
+    attention = sum(v for k, v in ops.items() if k in ATTENTION_OPS)
+    top = sorted(ops.items(), key=lambda kv: -kv[1])[:8]
+    return {"concurrency": concurrency, "step_ms": wall * 1e3, "matmul_ms": matmul,
+            "attention_ms": attention, "overhead_ms": wall * 1e3 - matmul - attention,
+            "top_ops_ms": {k: round(v, 3) for k, v in top}}
+
+
+def format_profile(rows: list[dict]) -> str:
+    lines = [f"{'conc':>5} {'step ms':>8} {'matmul':>8} {'attention':>9} {'other':>8}  top ops"]
+    for r in rows:
+        top = ", ".join(f"{k.replace('aten::', '')} {v:.2f}" for k, v in
+                        list(r["top_ops_ms"].items())[:4])
+        lines.append(f"{r['concurrency']:>5} {r['step_ms']:>8.2f} {r['matmul_ms']:>8.2f} "
+                     f"{r['attention_ms']:>9.2f} {r['overhead_ms']:>8.2f}  {top}")
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""`specserve bench lab | sweep | online` end to end on a tiny configuration (a few prompts of
+4 tokens, fp32, a small KV pool): the closed loop really keeps `concurrency` requests in flight,
+and every figure, JSON field and PNG the commands promise is there."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import torch
+from test_server import MODEL_FLAGS, LiveServer
+
+from specserve.bench.lab import (
+    PreparedWorkload,
+    Preset,
+    Strategy,
+    prepare_workload,
+    run_lab,
+    run_workload,
+)
+from specserve.bench.report import add_summaries, lab_table, sweep_table
+from specserve.bench.sweep import summarize_sweep, summary_lines
+from specserve.bench.workloads import WorkloadItem
+from specserve.cli import main
+
+# conftest set torch's thread count from SPECSERVE_TEST_THREADS; the engines follow it.
+THREADS = str(torch.get_num_threads())
+TINY_ENGINE = ("--dtype", "float32", "--kv-cache-memory", "32MiB", "--num-threads", THREADS)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+RUN_FIELDS = {
+    "concurrency", "num_prompts", "num_requests", "prompt_tokens", "output_tokens", "wall_s",
+    "output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
+    "num_preemptions", "num_draft_tokens", "num_accepted_tokens", "num_verifications",
+    "acceptance_rate", "mean_accepted_length", "spec_k_histogram", "spec_k_mean",
+    "spec_step_time_rel_error", "prefix_cache_hit_rate", "draft_time_s", "verify_time_s",
+    "step_time_s", "target_weight_bytes", "target_kv_bytes", "draft_weight_bytes",
+    "draft_kv_bytes", "kv_blocks_total", "kv_blocks_peak_used", "max_in_flight", "requests"}
+REQUEST_FIELDS = {"prompt_tokens", "output_tokens", "ttft_s", "tpot_s", "start_s", "end_s"}
+MACHINE_FIELDS = {"cpu_model", "cpu_cores", "ram_bytes", "torch", "transformers", "git_commit",
+                  "date", "dtype", "seed", "repeats", "preset"}
+
+
+def assert_png(path) -> None:
+    assert path.is_file(), path
+    assert path.read_bytes()[:8] == PNG_MAGIC, path
+
+
+def test_closed_loop_replaces_a_finished_request_at_once(llm):
+    """Concurrency 2 with a short and a long request: the third request must join while the
+    long one still runs (continuous batching), and never more than 2 run at once."""
+    items = [WorkloadItem("short", [{"role": "user", "content": "Say hi."}], 2),
+             WorkloadItem("long", [{"role": "user", "content": "Count to ten."}], 6)]
+    wl = prepare_workload(llm.engine, "custom", items)
+    run = run_workload(llm.engine, wl, concurrency=2, num_prompts=4, ignore_eos=True)
+    reqs = run["requests"]
+    assert run["max_in_flight"] == 2
+    assert [r["output_tokens"] for r in reqs] == [2, 6, 2, 6]
+    assert reqs[2]["start_s"] < reqs[1]["end_s"]  # joined the running batch, not a new wave
+    assert run["output_tokens"] == run["num_generated_tokens"] == 16
+    assert all(r["ttft_s"] > 0 and r["tpot_s"] > 0 for r in reqs)
+    assert run["output_tok_s"] == pytest.approx(16 / run["wall_s"])
+    assert run["ttft_p99_ms"] >= run["ttft_p50_ms"] > 0
+
+
+def test_a_strategy_the_engine_refuses_is_skipped_not_fatal():
+    lab = run_lab([Strategy("broken", {"dtype": "int3"})],
+                  Preset("t", ("json",), (1,), num_prompts_override=1, max_tokens_cap=2), {})
+    assert lab.strategies == [{"name": "broken", "engine_kwargs": {"dtype": "int3"},
+                               "status": "skipped", "error": lab.strategies[0]["error"]}]
+    assert "int3" in lab.strategies[0]["error"]
+    assert lab.points == []
+    table = lab_table({"machine": {}, "strategies": lab.strategies, "points": []})
+    assert table.row_count == 1
+
+
+def test_lab_end_to_end(tmp_path, capsys):
+    main(["bench", "lab", "--workloads", "prose,json", "--strategies", "vanilla,ngram-static",
+          "--concurrency", "1,2", "--num-prompts", "2", "--max-tokens", "4", *TINY_ENGINE,
+          "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "vanilla" in printed and "ngram-static" in printed and "results.json" in printed
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert MACHINE_FIELDS <= set(data["machine"])
+    assert data["machine"]["dtype"] == "float32"
+    assert [s["name"] for s in data["strategies"]] == ["vanilla", "ngram-static"]
+    for s in data["strategies"]:
+        assert s["status"] == "ok"
+        assert s["target_weight_bytes"] > 0 and s["target_kv_bytes"] > 0
+        assert s["kv_blocks_total"] > 0
+    ngram = data["strategies"][1]["engine_kwargs"]
+    assert ngram["speculative_config"]["method"] == "ngram"
+    assert ngram["enable_prefix_caching"] is False
+    keys = {(p["strategy"], p["workload"], p["concurrency"]) for p in data["points"]}
+    assert keys == {(s, w, c) for s in ("vanilla", "ngram-static") for w in ("prose", "json")
+                    for c in (1, 2)}
+    for p in data["points"]:
+        (run,) = p["runs"]
+        assert RUN_FIELDS <= set(run), RUN_FIELDS - set(run)
+        assert run["num_requests"] == 2 and run["max_in_flight"] == p["concurrency"]
+        assert 2 <= run["output_tokens"] <= 8 and run["output_tok_s"] > 0
+        assert len(run["requests"]) == 2
+        assert all(REQUEST_FIELDS <= set(r) for r in run["requests"])
+        assert p["summary"]["output_tok_s"]["median"] == run["output_tok_s"]
+        if p["strategy"] == "vanilla":
+            assert run["num_draft_tokens"] == 0 and run["acceptance_rate"] is None
+    for name in ("throughput_vs_concurrency", "tpot_vs_concurrency", "acceptance_by_workload",
+                 "memory_breakdown"):
+        assert_png(tmp_path / f"{name}.png")
+
+
+def test_repeats_report_median_and_spread():
+    runs = [{"output_tok_s": v, "spec_k_histogram": {4: 1}, "acceptance_rate": None}
+            for v in (10.0, 30.0, 20.0)]
+    (point,) = add_summaries([{"strategy": "s", "workload": "w", "concurrency": 1,
+                               "runs": runs}])
+    assert point["summary"]["output_tok_s"] == {"median": 20.0, "min": 10.0, "max": 30.0}
+    assert point["summary"]["spec_k_histogram"] == {4: 3}
+    assert point["summary"]["acceptance_rate"] is None
+
+
+def test_sweep_end_to_end(tmp_path, capsys):
+    main(["bench", "sweep", "--proposers", "ngram", "--policies", "off,static:2",
+          "--workloads", "json", "--concurrency", "1,2", "--min-prompts", "2",
+          "--num-prompts-factor", "1", "--max-tokens", "4", *TINY_ENGINE, "--out", str(tmp_path)])
+    assert "static:2" in capsys.readouterr().out
+    data = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(e["policy"], e["status"]) for e in data["engines"]] == [("off", "ok"),
+                                                                    ("static:2", "ok")]
+    static = data["engines"][1]["engine_kwargs"]
+    assert static["speculation_policy"] == "static"
+    assert static["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 2}
+    cells = {(c["policy"], c["concurrency"]): c["run"] for c in data["cells"]}
+    assert set(cells) == {(p, c) for p in ("off", "static:2") for c in (1, 2)}
+    for (policy, c), run in cells.items():
+        assert run["num_requests"] == 2 and run["max_in_flight"] == c
+        assert run["output_tok_s"] > 0 and run["tpot_p50_ms"] > 0
+        if policy == "off":
+            assert run["num_draft_tokens"] == 0
+        else:
+            assert set(run["spec_k_histogram"]) <= {"0", "1", "2"}  # capped by max_tokens
+    assert data["summary"]["ratios"] == []  # no adaptive policy in this sweep
+    assert_png(tmp_path / "sweep_ngram_json.png")
+
+
+def test_sweep_summary_flags_where_adaptive_loses():
+    def cell(policy: str, c: int, tput: float) -> dict:
+        return {"proposer": "ngram", "workload": "json", "policy": policy, "concurrency": c,
+                "run": {"output_tok_s": tput, "tpot_p50_ms": 1000 / tput}}
+
+    cells = [cell("off", 1, 100), cell("static:4", 1, 150), cell("adaptive", 1, 148),
+             cell("off", 32, 900), cell("static:4", 32, 700), cell("adaptive", 32, 850)]
+    summary = summarize_sweep(cells)
+    assert [r["concurrency"] for r in summary["ratios"]] == [1, 32]
+    assert summary["ratios"][0]["vs_best"] == pytest.approx(148 / 150)
+    assert summary["ratios"][0]["vs_off"] == pytest.approx(1.48)
+    (below_best,) = summary["adaptive_below_best"]  # 850 < 0.97 x 900
+    assert (below_best["concurrency"], below_best["best_other"]) == (32, "off")
+    assert [p["concurrency"] for p in summary["adaptive_below_off"]] == [32]
+    lines = summary_lines(summary)
+    assert "1 point(s): ngram/json/c=32 (0.94x off)" in lines[0]
+    assert sweep_table(cells, ["off", "static:4", "adaptive"]).row_count == 2
+
+
+@pytest.fixture(scope="module")
+def server():
+    live = LiveServer(*MODEL_FLAGS)
+    yield live
+    live.stop()
+
+
+def test_online_against_a_live_server(server, tmp_path, capsys):
+    before = server.stats()["num_generated_tokens"]
+    out = tmp_path / "online.json"
+    main(["bench", "online", "--url", server.url, "--workload", "json", "--concurrency", "2",
+          "--num-prompts", "4", "--max-tokens", "4", "--ignore-eos", "--out", str(out),
+          "--compare-offline", *TINY_ENGINE])
+    assert "online/offline" in capsys.readouterr().out
+    (point,) = json.loads(out.read_text())["points"]
+    online, offline = point["online"], point["offline"]
+    assert online["num_requests"] == 4 and online["model"] == "SmolLM2-135M-Instruct"
+    # Exact counts from the usage chunk: 4 tokens each, whatever the chunking.
+    assert [r["output_tokens"] for r in online["requests"]] == [4, 4, 4, 4]
+    assert all(r["prompt_tokens"] > 0 for r in online["requests"])
+    # The server generated exactly those, plus the 4 of the warm-up request.
+    assert server.stats()["num_generated_tokens"] - before == 16 + 4
+    assert online["output_tok_s"] == pytest.approx(16 / online["wall_s"])
+    assert 0 < online["ttft_p50_ms"] <= online["ttft_p99_ms"] < 60_000
+    assert 0 < online["tpot_p50_ms"] <= online["tpot_p99_ms"] < 60_000
+    assert offline["output_tokens"] == 16 and offline["max_in_flight"] == 2
+    assert [r["prompt_tokens"] for r in offline["requests"]] == \
+        [r["prompt_tokens"] for r in online["requests"]]
+
+
+def test_online_reports_server_errors(server):
+    from specserve.bench.online import OnlineError, run_online
+
+    items = [WorkloadItem("x", [{"role": "user", "content": "hi"}], 2)]
+    with pytest.raises(OnlineError, match="404"):
+        run_online(server.url, items, [1], 1, model="no-such-model")
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_prepared_workload_cycles_through_items():
+    wl = PreparedWorkload("w", [[1], [2], [3]], [5, 6, 7])
+    assert wl.take(4) == [([1], 5), ([2], 6), ([3], 7), ([1], 5)]
