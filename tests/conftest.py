@@ -36,9 +36,9 @@ def llm():
 @pytest.fixture(scope="session")
 def hf_model():
     pytest.importorskip("accelerate")
-    from specserve.bench.offline import load_hf_model
+    from specserve.bench.offline import load_hf_gguf_model
 
-    return load_hf_model(torch.float32).eval()
+    return load_hf_gguf_model(torch.float32).eval()
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

@@ -203,7 +203,8 @@ def _add_sweep(bench) -> None:
     p = bench.add_parser("sweep", help="concurrency x workload x policy matrix per proposer: "
                                        "does adaptive pick the best policy everywhere?")
     _common_engine_args(p)
-    p.add_argument("--proposers", default="ngram,draft")
+    p.add_argument("--proposers", default="ngram,draft",
+                   help="ngram, draft (4-layer self-draft or --draft-model), draft:N (N layers)")
     p.add_argument("--workloads", default="prose,json,rag")
     p.add_argument("--policies", default="off,static:2,static:4,batch-threshold:8,adaptive")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64")

@@ -195,12 +195,13 @@ class Strategy:
 
 
 def proposer_config(proposer: str, k: int, draft_model: str | None = None) -> dict:
-    """A speculative_config: the draft proposer is the target's first 4 layers unless a trained
-    draft directory is given."""
-    if proposer == "draft":
-        return ({"method": "draft", "model": draft_model, "num_speculative_tokens": k}
-                if draft_model else
-                {"method": "draft", "draft_layers": 4, "num_speculative_tokens": k})
+    """A speculative_config. `draft` is the target's first 4 layers unless a trained draft
+    directory is given; `draft:N` is the self-draft of the first N layers."""
+    if proposer.startswith("draft"):
+        if draft_model and proposer == "draft":
+            return {"method": "draft", "model": draft_model, "num_speculative_tokens": k}
+        layers = int(proposer.split(":", 1)[1]) if ":" in proposer else 4
+        return {"method": "draft", "draft_layers": layers, "num_speculative_tokens": k}
     return {"method": proposer, "num_speculative_tokens": k}
 
 

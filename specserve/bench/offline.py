@@ -87,8 +87,9 @@ def bench_hf(model, prompts: list[list[int]], output_len: int) -> BenchResult:
                        tpot, wall)
 
 
-def load_hf_model(dtype: torch.dtype):
-    """transformers' own GGUF loader, for the side-by-side baseline (needs `accelerate`)."""
+def load_hf_gguf_model(dtype: torch.dtype = torch.float32):
+    """transformers' own GGUF loader (needs `accelerate`): an independent reading of the
+    embedded file (dequantization, Q/K permutation), the anchor of the correctness tests."""
     import os
 
     from transformers import AutoModelForCausalLM
@@ -98,6 +99,43 @@ def load_hf_model(dtype: torch.dtype):
     path = embedded_model_path()
     return AutoModelForCausalLM.from_pretrained(os.path.dirname(path),
                                                 gguf_file=os.path.basename(path), dtype=dtype)
+
+
+def load_hf_model(dtype: torch.dtype, model: str | None = None):
+    """A dense Hugging Face model for the speed baseline. Recent transformers keep GGUF weights
+    packed and compute in fp32, which is not the "HF bf16" baseline we compare against, so the
+    embedded model's dequantized weights go into transformers' own LlamaForCausalLM."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    from specserve.models.loader import load_model
+
+    if model is not None:
+        return AutoModelForCausalLM.from_pretrained(model, dtype=dtype, local_files_only=True)
+    loaded = load_model(None)
+    c = loaded.config
+    hf = LlamaForCausalLM(LlamaConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads, max_position_embeddings=c.max_position,
+        rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=True))
+    sd = loaded.state_dict
+    hf_sd = {"model.embed_tokens.weight": sd["embed_tokens.weight"],
+             "model.norm.weight": sd["norm.weight"]}
+    for i in range(c.num_layers):
+        p, h = f"layers.{i}.", f"model.layers.{i}."
+        q, k, v = sd[p + "attn.qkv_proj.weight"].split([c.q_size, c.kv_size, c.kv_size])
+        gate, up = sd[p + "mlp.gate_up_proj.weight"].chunk(2)
+        hf_sd.update({
+            h + "self_attn.q_proj.weight": q, h + "self_attn.k_proj.weight": k,
+            h + "self_attn.v_proj.weight": v,
+            h + "self_attn.o_proj.weight": sd[p + "attn.o_proj.weight"],
+            h + "mlp.gate_proj.weight": gate, h + "mlp.up_proj.weight": up,
+            h + "mlp.down_proj.weight": sd[p + "mlp.down_proj.weight"],
+            h + "input_layernorm.weight": sd[p + "input_norm.weight"],
+            h + "post_attention_layernorm.weight": sd[p + "post_attn_norm.weight"]})
+    hf.load_state_dict(hf_sd, strict=False)
+    hf.tie_weights()
+    return hf.to(dtype).eval()
 
 
 def run_offline(llm: LLM, concurrencies: list[int], input_len: int, output_len: int,
