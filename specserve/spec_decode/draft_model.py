@@ -9,6 +9,9 @@ accepted position: its KV for rejected guesses is simply overwritten later.
 
 `draft_layers=N` builds a self-draft: an independent copy of the target's first N layers plus its
 final norm and LM head, the offline stand-in for "a 1B draft for a 70B target".
+
+A draft trained by `specserve train-draft` shares the target's embedding (passed in as
+`target_embedding`) and may have a head over part of the vocabulary (draft_head.py).
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from specserve.config import CacheConfig
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
 from specserve.engine.request import Request
+from specserve.layers.linear import pack_linears
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
 from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.sample.rejection_sampler import sample_from_probs
 from specserve.sample.sampler import compute_probs
 from specserve.spec_decode.config import SpeculativeConfig
+from specserve.spec_decode.draft_head import reduced_head, to_full_vocab_probs
 from specserve.spec_decode.proposer import Proposal, Proposer
 
 
@@ -67,9 +72,11 @@ class DraftModelProposer(Proposer):
     name = "draft"
 
     def __init__(self, spec: SpeculativeConfig, target_model: str | None, target_tokenizer,
-                 dtype: torch.dtype, block_size: int, num_threads: int | None = None):
+                 dtype: torch.dtype, block_size: int, num_threads: int | None = None,
+                 target_embedding: torch.Tensor | None = None):
         super().__init__()
-        loaded = load_model(spec.model if spec.model is not None else target_model)
+        loaded = load_model(spec.model if spec.model is not None else target_model,
+                            shared_embedding=target_embedding)
         check_same_tokenizer(target_tokenizer, loaded.tokenizer)
         cfg, sd = loaded.config, loaded.state_dict
         if spec.draft_layers is not None:
@@ -80,12 +87,26 @@ class DraftModelProposer(Proposer):
             sd = {k: v for k, v in sd.items()
                   if not k.startswith("layers.") or int(k.split(".")[1]) < spec.draft_layers}
         self.model_config = cfg
-        self.model = build_model(cfg, sd, dtype)
+        self.head_ids = None  # vocabulary id of each head row, when the head is reduced
+        if loaded.head_token_ids is not None:
+            # Build with a (tied) full head, then swap in the reduced one.
+            sd = dict(sd)
+            head = sd.pop("lm_head.weight").to(dtype)
+            self.model = build_model(dataclasses.replace(cfg, tie_word_embeddings=True), sd, dtype)
+            self.model.lm_head = reduced_head(head)
+            self.head_ids = torch.tensor(loaded.head_token_ids, dtype=torch.long)
+        else:
+            self.model = build_model(cfg, sd, dtype)
+        shared = 0
+        if loaded.shares_embedding and target_embedding.dtype == dtype:
+            # One embedding in memory for both models, not a copy per model.
+            self.model.embed_tokens.weight = target_embedding
+            shared = target_embedding.nbytes
         raw = loaded.raw_quantized
         if spec.draft_layers is not None:
             raw = {k: v for k, v in raw.items() if int(k.split(".")[1]) < spec.draft_layers}
         apply_quantization(self.model, spec.quantization, raw)
-        self.weight_bytes = model_nbytes(self.model)
+        self.weight_bytes = model_nbytes(self.model) + pack_linears(self.model) - shared
         self.dtype = dtype
         self.block_size = block_size
         self.kv_bytes_per_token = kv_bytes_per_token(cfg, dtype)
@@ -114,6 +135,7 @@ class DraftModelProposer(Proposer):
         t0 = time.perf_counter()
         proposals: list[list[int]] = [[] for _ in reqs]
         prob_rows: list[list[torch.Tensor]] = [[] for _ in reqs]
+        vocab_size = self.model_config.vocab_size
         need_probs = any(not r.params.is_greedy for r, k in zip(reqs, num_tokens, strict=True)
                          if k)
         alive = [i for i, k in enumerate(num_tokens) if k > 0]
@@ -149,6 +171,10 @@ class DraftModelProposer(Proposer):
                 sampled = sample_from_probs(probs, [seqs[i].generator for i in alive])
                 greedy = torch.tensor([p.is_greedy for p in params])
                 tokens = torch.where(greedy, tokens, sampled)
+                if self.head_ids is not None:
+                    probs = to_full_vocab_probs(probs, self.head_ids, vocab_size)
+            if self.head_ids is not None:  # head rows -> vocabulary ids
+                tokens = self.head_ids[tokens]
             for j, (i, token) in enumerate(zip(alive, tokens.tolist(), strict=True)):
                 proposals[i].append(token)
                 seqs[i].spec_token_ids.append(token)

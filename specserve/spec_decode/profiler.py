@@ -10,11 +10,11 @@ import torch
 from specserve.engine.model_runner import ModelRunner
 from specserve.spec_decode.cost_model import StepCostModel
 
-PROFILE_POINTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PROFILE_POINTS = (1, 4, 16, 32, 64, 128, 256)
 
 
 def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINTS,
-                    context: int = 96, repeats: int = 2) -> StepCostModel:
+                    context: int = 96, repeats: int = 1) -> StepCostModel:
     """Time decode-shaped forwards of n sequences x 1 token (n in points) at a fixed context.
     The fake sequences share the first blocks of the (still empty) pool: the garbage they
     write there is overwritten before any real request reads it."""

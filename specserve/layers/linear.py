@@ -1,0 +1,45 @@
+"""Linear layers with weights pre-packed for oneDNN (CPU, bf16).
+
+`F.linear` on the CPU hands oneDNN a plain row-major weight and pays a layout conversion inside
+every call; for the small-M matmuls of decoding that is a large share of the time. Packing each
+weight once into oneDNN's blocked layout (what inductor's CPU weight freezing does) makes the
+same GEMMs faster (measured in docs/performance.md) with bit-identical results.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def can_pack(dtype: torch.dtype) -> bool:
+    return (dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+class PackedLinear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = 32):
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        # An opaque oneDNN tensor; it serves any number of rows (batch_hint only tunes it).
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
+        self.bias = None if bias is None else bias.detach()
+        self.weight_nbytes = weight.nbytes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Swap every plain bf16 nn.Linear (quantized ones are left alone) for a PackedLinear.
+    Returns the bytes added (a tied LM head gets its own packed copy)."""
+    added = 0
+    for name, module in list(model.named_modules()):
+        if type(module) is not nn.Linear or not can_pack(module.weight.dtype):
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        tied = module.weight is getattr(getattr(model, "embed_tokens", None), "weight", None)
+        setattr(parent, child, PackedLinear(module.weight, module.bias))
+        added += module.weight.nbytes if tied else 0
+    return added

@@ -1,0 +1,32 @@
+"""A draft LM head over part of the vocabulary (FR-Spec, Zhao et al. 2025).
+
+A trained draft (specserve/train) may keep only the V' most likely token ids in its head: the
+head matmul, often the largest part of a small draft's step, shrinks by vocab / V'. Its logits
+are over those ids; proposed tokens are mapped back to vocabulary ids, and its probabilities are
+scattered into a full-vocabulary row with zeros elsewhere.
+
+Still lossless: rejection sampling only needs the draft's distribution q and samples from it.
+A token outside the head has q = 0, so it is never proposed, and on a rejection the residual
+max(p - q, 0) keeps the target's full mass p there; the output distribution is exactly p.
+Greedy verification compares with the target's argmax, so a target argmax outside the head is
+simply a rejection. Only the acceptance rate can suffer, never the output.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def reduced_head(weight: torch.Tensor) -> nn.Linear:
+    """An LM head with weight's rows ([V', hidden]), in weight's dtype."""
+    head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)
+    head.weight = nn.Parameter(weight.detach(), requires_grad=False)
+    return head
+
+
+def to_full_vocab_probs(probs: torch.Tensor, head_ids: torch.Tensor,
+                        vocab_size: int) -> torch.Tensor:
+    """[n, V'] probabilities over the head's ids -> [n, vocab_size], zero outside the head."""
+    full = probs.new_zeros(probs.shape[0], vocab_size)
+    return full.index_copy_(1, head_ids, probs)

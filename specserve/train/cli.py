@@ -1,0 +1,51 @@
+"""`specserve train-draft`: flags to a DistillConfig, then train/pipeline.py does the work."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_train_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "train-draft", help="train a small draft for a target in minutes",
+        description="Distil the target's first layers into a draft on its own greedy replies; "
+                    "use it with --speculative-config '{\"method\": \"draft\", \"model\": OUT}'.")
+    p.add_argument("--method", default="draft", choices=("draft", "eagle"))
+    p.add_argument("--model", default=None,
+                   help="the target: a local HF directory or .gguf (default: the embedded model)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompts", help="JSON Lines, one of messages / prompt / "
+                                          "prompt_token_ids per line (optional kind)")
+    source.add_argument("--workload", help="benchmark workloads, e.g. prose or prose,json")
+    p.add_argument("--minutes", type=float, required=True,
+                   help="wall-clock budget of the training loop")
+    p.add_argument("--out", required=True, help="directory to write the draft to")
+    p.add_argument("--layers", type=int, default=3, help="draft layers (the target's first N)")
+    p.add_argument("--head-vocab", type=int, default=8192,
+                   help="ids in the draft's LM head, by target probability mass (0: all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-reply-tokens", type=int, default=128)
+    p.add_argument("--max-context", type=int, default=1024,
+                   help="prompt tokens beyond this are dropped from the left while training")
+    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--eval-every", type=int, default=20, help="steps between evaluations")
+    p.add_argument("--dtype", default="bfloat16", help="the engine's dtype when generating data")
+    p.add_argument("--num-threads", type=int, default=None)
+    p.set_defaults(func=cmd_train_draft)
+
+
+def cmd_train_draft(args: argparse.Namespace) -> None:
+    if args.method == "eagle":
+        raise ValueError("--method eagle is not implemented yet; use --method draft")
+    from specserve.train.data import read_prompts_jsonl, workload_prompts
+    from specserve.train.distill import DistillConfig
+    from specserve.train.pipeline import summary, train_draft
+
+    items = read_prompts_jsonl(args.prompts) if args.prompts else workload_prompts(args.workload)
+    cfg = DistillConfig(num_layers=args.layers, head_vocab=args.head_vocab, minutes=args.minutes,
+                        seed=args.seed, lr=args.lr, eval_every=args.eval_every,
+                        max_context=args.max_context)
+    source = f"prompts:{args.prompts}" if args.prompts else f"workload:{args.workload}"
+    outcome = train_draft(args.model, items, args.out, cfg, args.max_reply_tokens, args.dtype,
+                          args.num_threads, source)
+    print(summary(outcome))

@@ -1,0 +1,102 @@
+"""Write a trained draft as a directory that `load_model` and the draft proposer read.
+
+Layout: config.json (a Llama config with the target's shapes and N layers, plus a
+"specserve_draft" section naming the target), model.safetensors (the draft's layers, final norm
+and head in Hugging Face names; never the embedding, which is the target's), head_ids.json (the
+vocabulary id of each head row), the target's tokenizer files, and training.json (the report).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from specserve.models.shared_embedding import embedding_probe
+from specserve.train.draft_net import DraftNet
+
+HEAD_IDS_FILE = "head_ids.json"
+
+
+def cached_draft_path(target: str, workload: str, layers: int) -> Path:
+    """Default home of a draft trained for the lab:
+    ~/.cache/specserve/drafts/<target>-<workload>-<layers> ($SPECSERVE_CACHE moves the root)."""
+    root = Path(os.environ.get("SPECSERVE_CACHE", Path.home() / ".cache" / "specserve"))
+    name = Path(str(target).rstrip("/")).name or "target"
+    safe = "-".join(re.sub(r"[^\w.+-]", "_", part)
+                    for part in (name, workload.replace(",", "+"), str(layers)))
+    return root / "drafts" / safe
+
+
+def draft_config(draft: DraftNet, target_name: str, target_embedding: torch.Tensor) -> dict:
+    c = draft.cfg
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.num_layers,
+        "num_attention_heads": c.num_heads,
+        "num_key_value_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.max_position,
+        "rope_theta": c.rope_theta,
+        "rms_norm_eps": c.rms_norm_eps,
+        "attention_bias": c.attention_bias,  # a Qwen2 target's q/k/v biases are kept
+        "tie_word_embeddings": False,  # the head is the draft's own (reduced) copy
+        "eos_token_id": list(c.eos_token_ids),
+        "torch_dtype": "float32",
+        "specserve_draft": {
+            "target": target_name,
+            "target_vocab_size": c.vocab_size,
+            "hidden_size": c.hidden_size,
+            "head_vocab_ids_file": None if draft.head_ids is None else HEAD_IDS_FILE,
+            "head_vocab_size": draft.head_size,
+            "shares_target_embedding": True,
+            "target_embedding_probe": embedding_probe(target_embedding),
+        },
+    }
+
+
+def draft_tensors(draft: DraftNet) -> dict[str, torch.Tensor]:
+    """The draft's weights in Hugging Face names (the loader fuses q/k/v and gate/up again)."""
+    c = draft.cfg
+    out = {"model.norm.weight": draft.norm.weight, "lm_head.weight": draft.head.weight}
+    for i, layer in enumerate(draft.layers):
+        p = f"model.layers.{i}."
+        out[p + "input_layernorm.weight"] = layer.input_norm.weight
+        out[p + "post_attention_layernorm.weight"] = layer.post_attn_norm.weight
+        split = [c.q_size, c.kv_size, c.kv_size]
+        for x, w in zip("qkv", layer.attn.qkv_proj.weight.split(split), strict=True):
+            out[p + f"self_attn.{x}_proj.weight"] = w
+        if layer.attn.qkv_proj.bias is not None:
+            for x, b in zip("qkv", layer.attn.qkv_proj.bias.split(split), strict=True):
+                out[p + f"self_attn.{x}_proj.bias"] = b
+        out[p + "self_attn.o_proj.weight"] = layer.attn.o_proj.weight
+        gate, up = layer.mlp.gate_up_proj.weight.chunk(2)
+        out[p + "mlp.gate_proj.weight"] = gate
+        out[p + "mlp.up_proj.weight"] = up
+        out[p + "mlp.down_proj.weight"] = layer.mlp.down_proj.weight
+    return {k: v.detach().float().contiguous().clone() for k, v in out.items()}
+
+
+def save_draft(out_dir: str | Path, draft: DraftNet, target_name: str,
+               target_embedding: torch.Tensor, tokenizer, report: dict) -> Path:
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    config = draft_config(draft, target_name, target_embedding)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(draft_tensors(draft), str(out / "model.safetensors"))
+    head = out / HEAD_IDS_FILE
+    if draft.head_ids is not None:
+        head.write_text(json.dumps(draft.head_ids.tolist()) + "\n")
+    elif head.exists():  # a stale file from an earlier run in the same directory
+        head.unlink()
+    tokenizer.save_pretrained(str(out))
+    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    return out

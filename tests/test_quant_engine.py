@@ -1,0 +1,83 @@
+"""Quantized weights and KV cache inside the engine: every mode runs end to end, an 8-bit KV
+pool holds ~2x the blocks with a bounded round-trip error, packed linears are exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny_models import make_tiny_model
+
+from specserve import LLM, SamplingParams
+from specserve.layers.kv_cache import LayerKVCache, kv_bytes_per_token
+from specserve.layers.linear import PackedLinear, can_pack
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+PROMPT = "The three primary colours are"
+
+
+@pytest.fixture(scope="module")
+def bf16_reference():
+    return LLM(kv_cache_memory=64 << 20).generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("method", ["int8", "int4", "gguf", "fp8"])
+def test_every_weight_mode_generates_and_speculates(method, bf16_reference):
+    llm = LLM(quantization=method, kv_cache_memory=64 << 20,
+              speculative_config={"method": "draft", "draft_layers": 2, "quantization": method,
+                                  "num_speculative_tokens": 2}, speculation_policy="static")
+    out = llm.generate([PROMPT], GREEDY)[0].outputs[0]
+    assert len(out.token_ids) == 16 and out.text.strip()
+    # Lossless against the same quantized target without speculation.
+    plain = LLM(quantization=method, kv_cache_memory=64 << 20)
+    assert plain.generate([PROMPT], GREEDY)[0].outputs[0].token_ids == out.token_ids
+    stats = llm.get_stats()
+    assert stats["num_draft_tokens"] > 0
+    if method in ("int8", "int4", "gguf"):
+        assert stats["weight_bytes"] < 0.7 * 269e6  # the bf16 model is 269 MB
+    if method == "gguf":  # the very weights the bf16 model was dequantized from
+        assert out.token_ids[:8] == bf16_reference[:8]
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
+def test_8bit_kv_cache_doubles_blocks_and_runs(kv_dtype, bf16_reference):
+    base = LLM(kv_cache_memory=64 << 20)
+    llm = LLM(kv_cache_memory=64 << 20, kv_cache_dtype=kv_dtype)
+    ratio = llm.get_stats()["kv_blocks_total"] / base.get_stats()["kv_blocks_total"]
+    assert 1.9 < ratio <= 2.0  # bf16 scales cost 2 bytes per 64 values
+    out = llm.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+    assert out[:4] == bf16_reference[:4]
+
+
+@pytest.mark.parametrize("dtype, bound", [(torch.int8, 0.01), (torch.float8_e4m3fn, 0.04)])
+def test_kv_round_trip_error_is_bounded(dtype, bound):
+    cache = LayerKVCache(64, 3, 64, dtype, torch.float32)
+    k = torch.randn(20, 3, 64) * torch.logspace(-2, 2, 20).view(20, 1, 1)  # scales vary a lot
+    v = torch.randn(20, 3, 64)
+    slots = torch.randperm(64)[:20]
+    cache.write(slots, k, v)
+    k2, v2 = cache.gather(slots)
+    # Per token and head the error is relative to that row's own amax (per-token scales).
+    err = ((k2 - k).abs().amax(-1) / k.abs().amax(-1)).max()
+    assert err < bound
+    assert ((v2 - v).abs().amax(-1) / v.abs().amax(-1)).max() < bound
+    assert kv_bytes_per_token(1, 3, 64, dtype) * 2 < kv_bytes_per_token(1, 3, 64, torch.bfloat16)
+    assert kv_bytes_per_token(1, 3, 64, dtype) * 1.9 > kv_bytes_per_token(1, 3, 64, torch.bfloat16)
+
+
+@pytest.mark.skipif(not can_pack(torch.bfloat16), reason="oneDNN weight packing unavailable")
+def test_packed_linear_is_bit_identical():
+    lin = torch.nn.Linear(96, 160, bias=True).to(torch.bfloat16)
+    packed = PackedLinear(lin.weight, lin.bias)
+    for rows in (1, 7, 33, 300):
+        x = torch.randn(rows, 96, dtype=torch.bfloat16)
+        assert torch.equal(packed(x), lin(x))
+
+
+def test_unsupported_combinations_are_refused(tmp_path):
+    path = make_tiny_model(tmp_path / "tiny")
+    with pytest.raises(ValueError, match="quantization='gguf'"):
+        LLM(str(path), quantization="gguf", kv_cache_memory=8 << 20)
+    with pytest.raises(ValueError, match="unknown quantization"):
+        LLM(quantization="int3", kv_cache_memory=8 << 20)
+    with pytest.raises(ValueError, match="unknown kv_cache_dtype"):
+        LLM(kv_cache_dtype="int4", kv_cache_memory=8 << 20)
