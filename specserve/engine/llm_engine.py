@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 
@@ -11,15 +10,15 @@ import torch
 
 from specserve.config import EngineConfig
 from specserve.engine.block_manager import BlockManager
-from specserve.engine.detokenizer import detokenize_incrementally, find_stop_string
 from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
+from specserve.engine.output_processor import check_stop, make_output, record_logprobs
 from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler
 from specserve.layers.kv_cache import resolve_kv_dtype
 from specserve.layers.linear import pack_linears
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
-from specserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.sample.emit import emit_tokens
 from specserve.sampling_params import SamplingParams
@@ -211,13 +210,13 @@ class LLMEngine:
                 self._on_verified(req, k, len(tokens) - 1)
             req.spec_token_ids, req.spec_probs = [], None
             if req.params.logprobs is not None:
-                self._record_logprobs(req, logits[row:row + len(tokens)], tokens)
+                record_logprobs(req, logits[row:row + len(tokens)], tokens)
             row += k + 1
             if req.first_token_time is None:
                 req.first_token_time = now
             num_before = req.num_output_tokens
             self._append_and_check(req, tokens)
-            outputs.append(self._make_output(req, req.num_output_tokens - num_before))
+            outputs.append(make_output(req, self.tokenizer, req.num_output_tokens - num_before))
         for req, _ in sched.scheduled:
             if not req.is_finished:
                 self.block_manager.cache_blocks(req)
@@ -288,58 +287,21 @@ class LLMEngine:
             if req.is_finished:
                 self.spec_policy.forget(req)
 
-    def _record_logprobs(self, req: Request, logits: torch.Tensor, tokens: list[int]) -> None:
-        logprobs = logits.log_softmax(dim=-1)  # [len(tokens), vocab]
-        for lp, token in zip(logprobs, tokens, strict=True):
-            entry = {token: float(lp[token])}
-            if req.params.logprobs:
-                top = lp.topk(req.params.logprobs)
-                entry.update(zip(top.indices.tolist(), top.values.tolist(), strict=True))
-            req.logprobs.append(entry)
-            req.cumulative_logprob += entry[token]
-
     def _append_and_check(self, req: Request, tokens: list[int]) -> None:
-        """Append newly emitted tokens one by one, stopping at the first stop condition."""
+        """Append newly emitted tokens one by one, stopping at the first stop condition (later
+        accepted draft tokens are dropped)."""
         for token in tokens:
             req.append_token(token)
             self.stats.num_generated_tokens += 1
-            if token in req.stop_token_ids and req.num_output_tokens > req.params.min_tokens:
-                req.stop_reason = None if token in self.model_config.eos_token_ids else token
-                return self._finish(req, RequestStatus.FINISHED_STOPPED)
-            if req.stream:
-                delta = detokenize_incrementally(self.tokenizer, req)
-                if delta and req.params.stop:
-                    end = find_stop_string(req, len(delta))
-                    if end is not None:
-                        req.output_text = req.output_text[:end]
-                        return self._finish(req, RequestStatus.FINISHED_STOPPED)
-            if req.num_output_tokens >= req.max_tokens:
-                return self._finish(req, RequestStatus.FINISHED_LENGTH)
+            status = check_stop(req, token, self.tokenizer, self.model_config.eos_token_ids)
+            if status is not None:
+                return self._finish(req, status)
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         req.finished_time = time.perf_counter()
         self.scheduler.finish(req, status)
         self._free_spec_state(req)
         self.requests.pop(req.request_id, None)
-
-    def _make_output(self, req: Request, num_new: int) -> RequestOutput:
-        finished = req.is_finished
-        if req.stream:
-            text = req.output_text
-        else:
-            text = (self.tokenizer.decode(req.output_token_ids,
-                                          skip_special_tokens=req.params.skip_special_tokens)
-                    if finished else "")
-        completion = CompletionOutput(
-            index=0, text=text, token_ids=list(req.output_token_ids),
-            cumulative_logprob=req.cumulative_logprob if req.params.logprobs is not None else None,
-            logprobs=list(req.logprobs) if req.params.logprobs is not None else None,
-            finish_reason=req.finish_reason, stop_reason=req.stop_reason)
-        metrics = RequestMetrics(req.arrival_time, req.first_token_time, req.finished_time,
-                                 req.num_cached_tokens, req.num_preemptions,
-                                 req.num_draft_tokens, req.num_accepted_tokens)
-        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [completion],
-                             finished, metrics, delta_token_ids=req.output_token_ids[-num_new:])
 
     def get_stats(self) -> dict:
         bm = self.block_manager
@@ -385,7 +347,3 @@ class LLMEngine:
             "draft_num_forwards": getattr(p, "num_forwards", 0),
             **(self.spec_policy.stats(self.scheduler.running) if self.spec_policy else {}),
         }
-
-
-def default_threads() -> int:
-    return len(os.sched_getaffinity(0))

@@ -1,0 +1,63 @@
+"""Turning emitted tokens into request state and outputs: logprobs, stop checks, RequestOutput."""
+
+from __future__ import annotations
+
+import torch
+
+from specserve.engine.detokenizer import detokenize_incrementally, find_stop_string
+from specserve.engine.request import Request, RequestStatus
+from specserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
+
+
+def record_logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> None:
+    """logits: [len(tokens), vocab], the rows that produced `tokens`."""
+    logprobs = logits.log_softmax(dim=-1)
+    for lp, token in zip(logprobs, tokens, strict=True):
+        entry = {token: float(lp[token])}
+        if req.params.logprobs:
+            top = lp.topk(req.params.logprobs)
+            entry.update(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+        req.logprobs.append(entry)
+        req.cumulative_logprob += entry[token]
+
+
+def check_stop(req: Request, token: int, tokenizer, eos_token_ids: tuple[int, ...]
+               ) -> RequestStatus | None:
+    """After `token` was appended: the finished status if a stop condition is met."""
+    if token in req.stop_token_ids and req.num_output_tokens > req.params.min_tokens:
+        req.stop_reason = None if token in eos_token_ids else token
+        return RequestStatus.FINISHED_STOPPED
+    if req.stream:
+        delta = detokenize_incrementally(tokenizer, req)
+        if delta and req.params.stop:
+            end = find_stop_string(req, len(delta))
+            if end is not None:
+                req.output_text = req.output_text[:end]
+                return RequestStatus.FINISHED_STOPPED
+    if req.num_output_tokens >= req.max_tokens:
+        return RequestStatus.FINISHED_LENGTH
+    return None
+
+
+def make_output(req: Request, tokenizer, num_new: int) -> RequestOutput:
+    """The request's output so far; the full text is decoded once, at the end, unless the
+    request streams (then it is kept incrementally)."""
+    finished = req.is_finished
+    if req.stream:
+        text = req.output_text
+    else:
+        text = (tokenizer.decode(req.output_token_ids,
+                                 skip_special_tokens=req.params.skip_special_tokens)
+                if finished else "")
+    with_logprobs = req.params.logprobs is not None
+    completion = CompletionOutput(
+        index=0, text=text, token_ids=list(req.output_token_ids),
+        cumulative_logprob=req.cumulative_logprob if with_logprobs else None,
+        logprobs=list(req.logprobs) if with_logprobs else None,
+        finish_reason=req.finish_reason, stop_reason=req.stop_reason)
+    metrics = RequestMetrics(req.arrival_time, req.first_token_time, req.finished_time,
+                             req.num_cached_tokens, req.num_preemptions,
+                             req.num_draft_tokens, req.num_accepted_tokens)
+    delta = req.output_token_ids[-num_new:] if num_new else []
+    return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [completion],
+                         finished, metrics, delta_token_ids=delta)
