@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -107,12 +108,14 @@ class ApiKeyMiddleware:
 
 
 def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
-              api_key: str | None = None, max_queue: int | None = 256) -> FastAPI:
+              api_key: str | None = None, max_queue: int | None = 256,
+              engine_thread: bool = True) -> FastAPI:
     """The FastAPI app around a loaded engine. The engine thread starts with the app's lifespan
     and stops with it, aborting whatever is still running."""
     model_name = served_model_name or engine.model_name
     server_metrics = ServerMetrics(model_name, stats=lambda: async_engine.stats)
-    async_engine = AsyncEngine(engine, max_queue=max_queue, observer=server_metrics.observe)
+    async_engine = AsyncEngine(engine, max_queue=max_queue, observer=server_metrics.observe,
+                               own_thread=engine_thread)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -135,15 +138,11 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
     return app
 
 
-def _exit_normally_after_signals() -> None:
-    """uvicorn handles SIGINT/SIGTERM itself (stop accepting, drain open responses, lifespan
-    shutdown) and then re-raises the signal to whatever handler was installed before it
-    started. A no-op handler there makes a graceful stop end with exit status 0."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-
-
 def run_server(args: argparse.Namespace) -> None:
+    """The engine loop runs in this (main) thread, where torch's matmuls are fastest (see
+    AsyncEngine); uvicorn serves HTTP from a background thread. SIGTERM/SIGINT ask uvicorn for
+    its graceful stop: stop accepting, let open responses finish (up to --shutdown-timeout),
+    lifespan shutdown (aborts the rest), which ends the engine loop; then we exit 0."""
     from specserve.cli import engine_kwargs
     from specserve.llm import build_engine_config
 
@@ -153,12 +152,23 @@ def run_server(args: argparse.Namespace) -> None:
     logger.info("loaded %s in %.1fs: %d KV blocks", engine.model_name, engine.load_time,
                 engine.block_manager.num_blocks)
     app = build_app(engine, served_model_name=args.served_model_name, api_key=args.api_key,
-                    max_queue=args.max_queue)
+                    max_queue=args.max_queue, engine_thread=False)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             access_log=args.access_log,
                             timeout_graceful_shutdown=args.shutdown_timeout)
-    _exit_normally_after_signals()
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    http = threading.Thread(target=server.run, name="specserve-http", daemon=True)
+
+    def stop(*_) -> None:
+        server.should_exit = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    http.start()
+    app.state.engine.run_in_current_thread(is_alive=http.is_alive)
+    http.join(timeout=args.shutdown_timeout + 10)
+    if not server.started:
+        sys.exit("specserve: error: the HTTP server did not start (is the port in use?)")
 
 
 def main(argv: list[str] | None = None) -> None:
