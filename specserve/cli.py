@@ -125,6 +125,15 @@ def cmd_bench_offline(args: argparse.Namespace) -> None:
           f"load {llm.engine.load_time:.1f}s KV blocks {llm.engine.block_manager.num_blocks}")
     results = run_offline(llm, conc, args.input_len, args.output_len, args.compare_hf)
     print(format_table(results))
+    stats = llm.get_stats()
+    if stats["spec_method"]:
+        rate, length = stats["acceptance_rate"], stats["mean_accepted_length"]
+        print(f"speculation ({stats['spec_method']}, {stats.get('spec_policy')}): "
+              f"{stats['num_draft_tokens']} drafted, {stats['num_accepted_tokens']} accepted, "
+              f"acceptance {rate if rate is None else round(rate, 3)}, tokens per verification "
+              f"{length if length is None else round(length, 2)}, drafting "
+              f"{stats['draft_time_s']:.1f}s, draft weights+KV "
+              f"{(stats['draft_weight_bytes'] + stats['draft_kv_cache_bytes']) / 2**20:.0f} MiB")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"results": [r.as_dict() for r in results],
