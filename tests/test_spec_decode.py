@@ -165,6 +165,7 @@ def test_random_speculative_sampling_matches_the_target(tmp_path):
     assert float((p1 * tv).sum()) > 0.2
 
     llm = LLM(str(target_dir), dtype="float32", kv_cache_memory=64 << 20, max_num_seqs=256,
+              speculation_policy="static",
               speculative_config={"method": "draft", "model": str(draft_dir),
                                   "num_speculative_tokens": 2, "kv_cache_memory": 64 << 20})
     params = SamplingParams(temperature=temperature, max_tokens=4, ignore_eos=True)
