@@ -165,8 +165,11 @@ class DraftModelProposer(Proposer):
             if need_probs:
                 params = [seqs[i].req.params for i in alive]
                 temp = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params])
-                top_k = torch.tensor([p.top_k for p in params])
-                top_p = torch.tensor([p.top_p for p in params])
+                # None skips the filter (top-p sorts the whole vocabulary), as emit.py does.
+                top_k = (torch.tensor([p.top_k for p in params])
+                         if any(p.top_k for p in params) else None)
+                top_p = (torch.tensor([p.top_p for p in params])
+                         if any(p.top_p < 1 for p in params) else None)
                 probs = compute_probs(logits, temp, top_k, top_p)
                 sampled = sample_from_probs(probs, [seqs[i].generator for i in alive])
                 greedy = torch.tensor([p.is_greedy for p in params])
