@@ -7,7 +7,6 @@ Each concurrency level runs one wave of `concurrency` requests submitted togethe
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -162,7 +161,3 @@ def format_table(results: list[BenchResult]) -> str:
                     f"{r.ttft_p50_ms:>7.1f}ms {r.ttft_p99_ms:>7.1f}ms {r.tpot_p50_ms:>7.2f}ms "
                     f"{r.tpot_p99_ms:>7.2f}ms")
     return "\n".join(rows)
-
-
-def summarize(values: list[float]) -> str:
-    return f"{statistics.median(values):.1f}"
