@@ -98,8 +98,11 @@ def test_acceptance_tracker_prior_and_per_request_estimates():
     for _ in range(20):
         acc.observe("good", 4, 4)
         acc.observe("bad", 4, 0)
-    assert acc.estimate("good") > 0.8 > 0.2 > acc.estimate("bad")
-    assert 0.3 < acc.global_rate < 0.9
+    assert acc.estimate("good") > 0.9
+    assert 0.3 < acc.global_rate < 0.9  # 4 successes and 1 failure per round
+    assert acc.estimate("bad") < acc.global_rate / 3  # its own record outweighs the prior
+    acc.observe("lucky", 1, 1)  # one accepted guess is not yet a good request
+    assert acc.estimate("lucky") < (1 + acc.global_rate) / 2
 
 
 def test_policy_parsing():
@@ -151,3 +154,20 @@ def test_adaptive_stops_drafting_when_acceptance_is_hopeless():
     assert stats["acceptance_rate"] < 0.2
     assert stats["draft_num_forwards"] - forwards <= 4  # at most a probe or two
     assert stats["spec_k_histogram"][0] > 0
+
+
+def test_switching_the_policy_in_place_profiles_once_and_stays_lossless(llm):
+    with pytest.raises(ValueError, match="speculative_config"):
+        llm.engine.set_speculation_policy("static", 2)
+    tok = llm.get_tokenizer()
+    prompts = [tok(PROMPT + " " * i, add_special_tokens=False).input_ids for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    spec = LLM(dtype="float32", speculative_config=NGRAM, speculation_policy="off")
+    engine = spec.engine
+    for name, k in [("static", 2), ("adaptive", 3), ("off", 4), ("adaptive", 4)]:
+        engine.set_speculation_policy(name, k)
+        assert (engine.spec_policy.name, engine.spec_policy.k_max) == (name, k)
+        assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == want
+    first_profile = engine._cost_models
+    assert first_profile is not None and engine.spec_policy.target_cost is first_profile[0]

@@ -121,26 +121,36 @@ def test_repeats_report_median_and_spread():
 
 def test_sweep_end_to_end(tmp_path, capsys):
     main(["bench", "sweep", "--proposers", "ngram", "--policies", "off,static:2",
-          "--workloads", "json", "--concurrency", "1,2", "--min-prompts", "2",
+          "--workloads", "json", "--concurrency", "1,2", "--min-prompts", "2", "--repeats", "2",
           "--num-prompts-factor", "1", "--max-tokens", "4", *TINY_ENGINE, "--out", str(tmp_path)])
     assert "static:2" in capsys.readouterr().out
     data = json.loads((tmp_path / "sweep.json").read_text())
-    assert [(e["policy"], e["status"]) for e in data["engines"]] == [("off", "ok"),
-                                                                    ("static:2", "ok")]
-    static = data["engines"][1]["engine_kwargs"]
-    assert static["speculation_policy"] == "static"
-    assert static["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 2}
+    # One engine per proposer: every policy runs on that instance.
+    assert [(e["proposer"], e["policies"], e["status"]) for e in data["engines"]] == [
+        ("ngram", ["off", "static:2"], "ok")]
     cells = {(c["policy"], c["concurrency"]): c["run"] for c in data["cells"]}
     assert set(cells) == {(p, c) for p in ("off", "static:2") for c in (1, 2)}
     for (policy, c), run in cells.items():
         assert run["num_requests"] == 2 and run["max_in_flight"] == c
         assert run["output_tok_s"] > 0 and run["tpot_p50_ms"] > 0
+        assert len(run["output_tok_s_runs"]) == 2  # both rounds, the median run's figures
+        assert run["output_tok_s"] in run["output_tok_s_runs"]
         if policy == "off":
             assert run["num_draft_tokens"] == 0
         else:
             assert set(run["spec_k_histogram"]) <= {"0", "1", "2"}  # capped by max_tokens
     assert data["summary"]["ratios"] == []  # no adaptive policy in this sweep
     assert_png(tmp_path / "sweep_ngram_json.png")
+
+
+def test_a_warm_shared_prefix_is_cached_before_the_clock_starts(llm):
+    engine = llm.engine
+    doc = list(range(100, 100 + 4 * engine.block_manager.block_size))
+    workload = PreparedWorkload("w", [doc + [7, 8], doc + [9]], [3, 3])
+    assert workload.shared_prefix == doc
+    run = run_workload(engine, workload, 2, 2, warm_shared_prefix=True)
+    # Both requests find the whole document cached: only their own tails are computed.
+    assert run["prefix_cache_hits"] == 2 * len(doc)
 
 
 def test_sweep_summary_flags_where_adaptive_loses():

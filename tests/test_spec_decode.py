@@ -20,7 +20,9 @@ SPEC_CONFIGS = {
 
 @pytest.fixture(scope="module", params=list(SPEC_CONFIGS))
 def spec_llm(request):
-    return LLM(dtype="float32", speculative_config=SPEC_CONFIGS[request.param])
+    # static: these tests are about the verifier being lossless, so every step must verify.
+    return LLM(dtype="float32", speculative_config=SPEC_CONFIGS[request.param],
+               speculation_policy="static")
 
 
 def _mixed_batch(llm):

@@ -174,7 +174,8 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 
     points = Preset("sweep", _names(args.workloads), _ints(args.concurrency),
                     prompts_factor=args.num_prompts_factor, min_prompts=args.min_prompts,
-                    max_tokens_cap=args.max_tokens, ignore_eos=args.ignore_eos)
+                    max_tokens_cap=args.max_tokens, ignore_eos=args.ignore_eos,
+                    repeats=args.repeats)
     settings = SweepSettings(_names(args.proposers), _names(args.policies), points, args.k_max,
                              args.draft_model, not args.no_prefix_caching)
     out = _out_dir(args, "sweep")
@@ -186,14 +187,14 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         cells, engines = run_sweep(settings, _common_kwargs(args), args.model, advance)
     summary = summarize_sweep(cells)
     write_json(out / "sweep.json", {
-        "machine": describe_machine(dtype=args.dtype, seed=args.seed, repeats=1,
+        "machine": describe_machine(dtype=args.dtype, seed=args.seed, repeats=args.repeats,
                                     preset="sweep", num_threads=args.num_threads,
                                     kv_cache_memory=args.kv_cache_memory),
         "settings": asdict(settings), "engines": engines, "cells": cells, "summary": summary})
     pngs = sweep_plots(cells, out)
     console.print(sweep_table(cells, settings.policies))
     for s in (e for e in engines if e["status"] != "ok"):
-        console.print(f"skipped {s['proposer']} · {s['policy']}: {s['error']}", style="yellow")
+        console.print(f"skipped {s['proposer']}: {s['error']}", style="yellow")
     for line in summary_lines(summary):
         console.print(line)
     console.print(f"wrote {out / 'sweep.json'} and {len(pngs)} PNGs")
@@ -208,10 +209,12 @@ def _add_sweep(bench) -> None:
     p.add_argument("--workloads", default="prose,json,rag")
     p.add_argument("--policies", default="off,static:2,static:4,batch-threshold:8,adaptive")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64")
-    p.add_argument("--num-prompts-factor", type=int, default=2,
-                   help="prompts per point: max(factor x concurrency, --min-prompts)")
+    p.add_argument("--num-prompts-factor", type=int, default=1,
+                   help="prompts per run: max(factor x concurrency, --min-prompts)")
     p.add_argument("--min-prompts", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=64, help="cap each item's max_tokens")
+    p.add_argument("--max-tokens", type=int, default=32, help="cap each item's max_tokens")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds per point, policies interleaved; cells report the median")
     p.add_argument("--k-max", type=int, default=4,
                    help="K_max of the policies without their own K (all but static:K)")
     p.add_argument("--no-prefix-caching", action="store_true")

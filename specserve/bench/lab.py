@@ -85,6 +85,15 @@ class PreparedWorkload:
     prompts: list[list[int]]
     max_tokens: list[int]
 
+    @property
+    def shared_prefix(self) -> list[int]:
+        """The token prefix every prompt starts with (rag's document and the chat preamble)."""
+        first = self.prompts[0]
+        n = min(len(p) for p in self.prompts)
+        for p in self.prompts[1:]:
+            n = next((i for i in range(n) if p[i] != first[i]), n)
+        return first[:n]
+
     def take(self, n: int) -> list[tuple[list[int], int]]:
         """The first n requests, cycling through the items."""
         return [(self.prompts[i % len(self.prompts)], self.max_tokens[i % len(self.prompts)])
@@ -137,12 +146,19 @@ def engine_figures(before: dict, after: dict) -> dict:
 
 def run_workload(engine: LLMEngine, workload: PreparedWorkload, concurrency: int,
                  num_prompts: int, ignore_eos: bool = False,
-                 reset_prefix_cache: bool = True) -> dict:
+                 reset_prefix_cache: bool = True, warm_shared_prefix: bool = False) -> dict:
     """Run `num_prompts` requests with exactly `concurrency` in flight, driving the engine's
     add_request/step loop directly so that a finished request is replaced before the next step.
+    warm_shared_prefix: before the clock starts, put the prompts' common prefix (rag's document)
+    in the prefix cache, as on a server where that document is hot.
     Returns the run's figures plus one record per request."""
     if reset_prefix_cache:
         engine.block_manager.reset_prefix_cache()
+    prefix = workload.shared_prefix if warm_shared_prefix else []
+    if len(prefix) >= engine.block_manager.block_size:
+        engine.add_request(prefix, SamplingParams(temperature=0.0, max_tokens=1))
+        while engine.has_unfinished_requests():
+            engine.step()
     todo = deque(enumerate(workload.take(num_prompts)))
     records: list[RequestRecord | None] = [None] * num_prompts
     in_flight: dict[str, int] = {}

@@ -1,19 +1,22 @@
 """`specserve bench sweep`: does `adaptive` pick the best policy at every point?
 
-For each proposer it builds one engine per policy (`static:K` is the static policy with
-K = num_speculative_tokens; the others use --k-max as K_max) and runs the concurrency x workload
-matrix on it as closed loops (lab.run_workload). Prefix caching is on and emptied before every
-point: rag's long shared document is prefilled a few times per point instead of once per
-request, so the sweep's time goes to decoding, which is what the policies change.
+One engine per proposer; every policy runs on that same instance (`set_speculation_policy`),
+because two instances of one engine differ by up to ~10% in speed on this machine — more than
+the policies being compared. Each point (workload x concurrency) runs every policy `repeats`
+times, interleaved with the order rotated per round, so slow spells of the machine spread over
+all policies; a cell reports the run with the median throughput and the spread of all rounds.
 
-Default matrix (2 proposers x 5 policies x 3 workloads x concurrency 1..64, max(2c, 8) prompts
-per point, at most 64 output tokens): ~4 minutes per engine by lab.estimate_seconds, so about
-40-50 minutes on 2 cores in bf16 (the draft proposer's engines are the slower ones).
+Runs are closed loops (lab.run_workload) with prefix caching on, emptied before every run and
+then warmed with the workload's shared prefix (rag's document, hot as on a real RAG server):
+the sweep's time goes to decoding, which is what the policies change.
+
+`static:K` is the static policy with K_max = K; the others use --k-max.
 """
 
 from __future__ import annotations
 
 import gc
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,55 +46,79 @@ class SweepSettings:
     proposers: tuple[str, ...] = ("ngram", "draft")
     policies: tuple[str, ...] = DEFAULT_POLICIES
     points: Preset = Preset("sweep", ("prose", "json", "rag"), (1, 2, 4, 8, 16, 32, 64),
-                            max_tokens_cap=64)
+                            prompts_factor=1, max_tokens_cap=32, repeats=3)
     k_max: int = 4
     draft_model: str | None = None
     enable_prefix_caching: bool = True
 
 
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median throughput (its figures stay mutually consistent), plus the
+    throughput of every round."""
+    ranked = sorted(runs, key=lambda r: r["output_tok_s"])
+    mid = ranked[(len(ranked) - 1) // 2]
+    tputs = [r["output_tok_s"] for r in runs]
+    return {**mid, "output_tok_s_runs": tputs,
+            "output_tok_s_spread": (max(tputs) - min(tputs)) / statistics.median(tputs)
+            if min(tputs) > 0 else None}
+
+
 def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
               progress: Progress | None = None) -> tuple[list[dict], list[dict]]:
-    """Returns (cells, engines). A cell is one proposer x policy x workload x concurrency run;
-    an engine row has its load and profile times, or the error that skipped it."""
+    """Returns (cells, engines). A cell is one proposer x policy x workload x concurrency; an
+    engine row has its load and profile times, or the error that skipped it."""
     progress = progress or (lambda desc, n: None)
     pts = settings.points
-    per_engine = len(pts.workloads) * len(pts.concurrency)
+    policies = list(settings.policies)
+    per_engine = len(pts.workloads) * len(pts.concurrency) * len(policies)
     common = {"max_num_seqs": max(max(pts.concurrency), 128), **common,
               "enable_prefix_caching": settings.enable_prefix_caching}
     cells: list[dict] = []
     engines: list[dict] = []
     workloads: dict = {}
     for proposer in settings.proposers:
-        for policy in settings.policies:
-            name, k = parse_policy(policy, settings.k_max)
-            kwargs = {**common, "speculative_config": proposer_config(proposer, k,
-                                                                      settings.draft_model),
-                      "speculation_policy": name}
-            progress(f"{proposer} · {policy}: loading", 0)
-            row = {"proposer": proposer, "policy": policy, "engine_kwargs": kwargs}
-            try:
-                llm = build_llm(model, kwargs)
-                warm_up(llm.engine)
-            except (ValueError, NotImplementedError, ImportError) as exc:
-                engines.append({**row, "status": "skipped",
-                                "error": f"{type(exc).__name__}: {exc}"})
-                progress(f"{proposer} · {policy}: skipped", per_engine)
-                continue
-            engines.append({**row, "status": "ok", "load_time_s": llm.engine.load_time,
-                            "profile_time_s": llm.engine.profile_time})
-            for w in pts.workloads:
-                if w not in workloads:
-                    workloads[w] = prepare_workload(llm.engine, w, cap=pts.max_tokens_cap,
-                                                    scale=pts.max_tokens_scale)
-                for c in pts.concurrency:
-                    progress(f"{proposer} · {policy} · {w} · c={c}", 0)
-                    run = run_workload(llm.engine, workloads[w], c, pts.num_prompts(c),
-                                       pts.ignore_eos)
+        kwargs = {**common, "speculative_config": proposer_config(proposer, settings.k_max,
+                                                                  settings.draft_model),
+                  "speculation_policy": "adaptive"}  # profiles the cost model at start-up
+        progress(f"{proposer}: loading", 0)
+        row = {"proposer": proposer, "policies": policies, "engine_kwargs": kwargs}
+        try:
+            llm = build_llm(model, kwargs)
+            warm_up(llm.engine)
+        except (ValueError, NotImplementedError, ImportError) as exc:
+            engines.append({**row, "status": "skipped", "error": f"{type(exc).__name__}: {exc}"})
+            progress(f"{proposer}: skipped", per_engine)
+            continue
+        engine = llm.engine
+        engines.append({**row, "status": "ok", "load_time_s": engine.load_time,
+                        "profile_time_s": engine.profile_time})
+        for w in pts.workloads:
+            if w not in workloads:
+                workloads[w] = prepare_workload(engine, w, cap=pts.max_tokens_cap,
+                                                scale=pts.max_tokens_scale)
+            # One policy object per workload, reinstalled at every switch: what it learned
+            # (the workload's acceptance, the cost model's scale) carries over from run to run
+            # as on a server that keeps serving that workload.
+            installed: dict[str, object] = {}
+            for c in pts.concurrency:
+                progress(f"{proposer} · {w} · c={c}", 0)
+                runs: dict[str, list[dict]] = {p: [] for p in policies}
+                for r in range(pts.repeats):
+                    for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
+                        if policy in installed:
+                            engine.spec_policy = installed[policy]
+                        else:
+                            engine.set_speculation_policy(*parse_policy(policy, settings.k_max))
+                            installed[policy] = engine.spec_policy
+                        runs[policy].append(run_workload(engine, workloads[w], c,
+                                                         pts.num_prompts(c), pts.ignore_eos,
+                                                         warm_shared_prefix=True))
+                for policy in policies:
                     cells.append({"proposer": proposer, "policy": policy, "workload": w,
-                                  "concurrency": c, "run": run})
-                    progress(f"{proposer} · {policy} · {w} · c={c}", 1)
-            del llm
-            gc.collect()
+                                  "concurrency": c, "run": median_run(runs[policy])})
+                progress(f"{proposer} · {w} · c={c}", len(policies))
+        del engine, llm
+        gc.collect()
     return cells, engines
 
 

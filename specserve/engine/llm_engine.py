@@ -103,22 +103,39 @@ class LLMEngine:
         self.stats = EngineStats()
         self._last_draft_time = 0.0
         self.profile_time = 0.0  # start-up profile of the cost model (seconds)
+        self._cost_models = None
         self.spec_policy = self._build_policy(config.speculation_policy)
         self.load_time = time.perf_counter() - t0
         self._next_id = 0
 
-    def _build_policy(self, name: str) -> SpecPolicy | None:
+    def _build_policy(self, name: str, k_max: int | None = None) -> SpecPolicy | None:
         if self.proposer is None:
             return None
-        k_max = self.spec_config.num_speculative_tokens
+        k_max = k_max or self.spec_config.num_speculative_tokens
         if name != "adaptive":
             return build_policy(name, k_max)
-        t0 = time.perf_counter()
-        target_cost = profile_forward(self.runner)
-        draft_runner = getattr(self.proposer, "runner", None)
-        draft_cost = profile_forward(draft_runner) if draft_runner is not None else None
-        self.profile_time = time.perf_counter() - t0
-        return build_policy(name, k_max, target_cost, draft_cost)
+        if self._cost_models is None:  # profiled once per engine, kept across policy switches
+            # The profile's fake sequences write garbage over the pool: nothing may live there.
+            if self.scheduler.has_unfinished():
+                raise ValueError("switching to the adaptive policy the first time profiles the "
+                                 "model: finish or abort running requests first")
+            t0 = time.perf_counter()
+            target_cost = profile_forward(self.runner)
+            draft_runner = getattr(self.proposer, "runner", None)
+            draft_cost = profile_forward(draft_runner) if draft_runner is not None else None
+            self._cost_models = (target_cost, draft_cost)
+            self.block_manager.reset_prefix_cache()  # its blocks now hold the profile's garbage
+            self.profile_time = time.perf_counter() - t0
+        return build_policy(name, k_max, *self._cost_models)
+
+    def set_speculation_policy(self, name: str, k_max: int | None = None) -> None:
+        """Switch the engine-wide policy (and its K_max) in place. The proposer, weights and KV
+        pool stay; the new policy starts with fresh acceptance estimates. `bench sweep` uses it
+        to compare policies on one engine instance: two instances of the same engine differ by
+        up to ~10% in speed on this machine (memory placement), more than the policies do."""
+        if self.proposer is None:
+            raise ValueError("speculation policies need a speculative_config (a proposer)")
+        self.spec_policy = self._build_policy(name, k_max)
 
     # ---- requests -------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -303,6 +320,9 @@ class LLMEngine:
 
     def _finish(self, req: Request, status: RequestStatus) -> None:
         req.finished_time = time.perf_counter()
+        # Cache what it computed before freeing: a request that finishes in the step that
+        # prefilled it (max_tokens=1, an early stop) would otherwise leave no prefix behind.
+        self.block_manager.cache_blocks(req)
         self.scheduler.finish(req, status)
         self._free_spec_state(req)
         self.requests.pop(req.request_id, None)
