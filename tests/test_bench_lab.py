@@ -214,3 +214,17 @@ def test_online_reports_server_errors(server):
 def test_prepared_workload_cycles_through_items():
     wl = PreparedWorkload("w", [[1], [2], [3]], [5, 6, 7])
     assert wl.take(4) == [([1], 5), ([2], 6), ([3], 7), ([1], 5)]
+
+
+def test_lab_finds_cached_drafts_and_trains_only_with_a_budget(tmp_path, monkeypatch):
+    from specserve.bench.trained import cached_path, trained_draft
+
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    for method in ("draft", "eagle"):
+        path = cached_path(None, method)
+        assert path.is_relative_to(tmp_path)
+        assert trained_draft(None, method, minutes=0) is None  # nothing cached, no budget
+        path.mkdir(parents=True)
+        (path / "training.json").write_text("{}")
+        assert trained_draft(None, method, minutes=0) == path
+    assert cached_path(None, "draft") != cached_path(None, "eagle")

@@ -206,10 +206,6 @@ def test_cli(tmp_path, capsys):
 
     parser = argparse.ArgumentParser()
     add_train_parser(parser.add_subparsers())
-    args = parser.parse_args(["train-draft", "--method", "eagle", "--workload", "prose",
-                              "--minutes", "1", "--out", str(tmp_path / "x")])
-    with pytest.raises(ValueError, match="eagle is not implemented yet"):
-        args.func(args)
     # A short real run from a prompts file: text and token-id prompts, two kinds.
     target = make_tiny_model(tmp_path / "target", num_layers=2)
     lines = [{"prompt": f"w{i % 60 + 2} w{i * 7 % 60 + 2} w5", "kind": "text"} for i in range(6)]
@@ -225,5 +221,15 @@ def test_cli(tmp_path, capsys):
     assert report["head_vocab_size"] == 16 and report["source"].startswith("prompts:")
     assert {r["kind"] for r in report["acceptance"]} == {"text", "ids", "all"}
     assert "held-out agreement" in capsys.readouterr().out
+    # The same prompts train an EAGLE head through the same command.
+    args = parser.parse_args(["train-draft", "--method", "eagle", "--model", str(target),
+                              "--prompts", str(prompts), "--minutes", "0.005", "--out",
+                              str(tmp_path / "eagle"), "--head-vocab", "16",
+                              "--max-reply-tokens", "6", "--dtype", "float32"])
+    args.func(args)
+    report = json.loads((tmp_path / "eagle" / "training.json").read_text())
+    assert report["method"] == "eagle" and report["head_vocab_size"] == 16
+    assert (tmp_path / "eagle" / "eagle.json").is_file()
+    assert "trained eagle saved to" in capsys.readouterr().out
     path = cached_draft_path("/models/SmolLM2-135M-Instruct/", "prose,json", 3)
     assert path.parts[-2:] == ("drafts", "SmolLM2-135M-Instruct-prose+json-3")

@@ -102,8 +102,16 @@ def cmd_lab(args: argparse.Namespace) -> None:
         concurrency=_ints(args.concurrency) if args.concurrency else None,
         repeats=args.repeats, num_prompts_override=args.num_prompts,
         max_tokens_cap=args.max_tokens, ignore_eos=args.ignore_eos or None)
-    known = builtin_strategies(args.draft_model)
-    names = _names(args.strategies) if args.strategies else tuple(known)
+    asked = _names(args.strategies) if args.strategies else None
+    minutes = args.train_minutes if args.train_minutes is not None else (
+        0.0 if args.quick else 5.0)
+    draft_model, eagle_model = args.draft_model, args.eagle_model
+    if draft_model is None and (asked is None or any("draft" in n for n in asked)):
+        draft_model = _trained(args.model, "draft", minutes, args.num_threads)
+    if eagle_model is None and (asked is None or any("eagle" in n for n in asked)):
+        eagle_model = _trained(args.model, "eagle", minutes, args.num_threads)
+    known = builtin_strategies(draft_model, eagle_model=eagle_model)
+    names = asked or tuple(known)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown strategies {unknown}; known: {', '.join(known)}")
@@ -140,6 +148,18 @@ def cmd_lab(args: argparse.Namespace) -> None:
     console.print(f"wrote {out / 'results.json'} and {', '.join(p.name for p in pngs)}")
 
 
+def _trained(model: str | None, method: str, minutes: float, num_threads) -> str | None:
+    from specserve.bench.trained import cached_path, trained_draft
+
+    path = trained_draft(model, method, minutes, num_threads)
+    if path is None:
+        print(f"no trained {method} draft in {cached_path(model, method)} and no training "
+              f"budget (--train-minutes): " + ("the draft rows use the untrained 4-layer "
+                                               "self-draft" if method == "draft" else
+                                               "no eagle rows"))
+    return None if path is None else str(path)
+
+
 def _add_lab(bench) -> None:
     p = bench.add_parser("lab", help="the article's strategy table: strategies x workloads x "
                                      "concurrency, in-process, with JSON and PNGs")
@@ -150,7 +170,8 @@ def _add_lab(bench) -> None:
     p.add_argument("--workloads", default=None, help="comma-separated (default: the preset's)")
     p.add_argument("--strategies", default=None,
                    help="comma-separated: vanilla, draft-static, ngram-static, adaptive-ngram, "
-                        "adaptive-draft, cache+quant (default: all)")
+                        "adaptive-draft, eagle-static, adaptive-eagle (with a trained head), "
+                        "cache+quant (default: all)")
     p.add_argument("--concurrency", default=None, help="e.g. 1,32 (default: the preset's)")
     p.add_argument("--repeats", type=int, default=None,
                    help="repetitions per point; figures become median [min-max]")
@@ -160,6 +181,11 @@ def _add_lab(bench) -> None:
     p.add_argument("--compare-hf", action="store_true",
                    help="add Hugging Face generate (static batching, and prompt lookup at "
                         "concurrency 1) and llama-cpp-python (if installed) rows")
+    p.add_argument("--eagle-model", default=None,
+                   help="a trained EAGLE head directory (default: the cached one, if any)")
+    p.add_argument("--train-minutes", type=float, default=None,
+                   help="when no trained draft / EAGLE head is cached, train each for this many "
+                        "minutes first (default 5 for the full preset, 0 for --quick)")
     p.add_argument("--out", default=None, help="output directory (default: bench-results/lab-*)")
     p.set_defaults(func=cmd_lab)
 

@@ -32,7 +32,6 @@ from specserve.bench.offline import percentile
 from specserve.bench.workloads import WORKLOAD_NAMES, WorkloadItem, load_workload
 from specserve.engine.llm_engine import LLMEngine
 from specserve.sampling_params import SamplingParams
-from specserve.spec_decode.config import METHODS
 
 # Engine counters that a run reports as the difference between its end and its start.
 _COUNTERS = ("num_steps", "num_prompt_tokens", "num_generated_tokens", "num_preemptions",
@@ -221,9 +220,10 @@ def proposer_config(proposer: str, k: int, draft_model: str | None = None) -> di
     return {"method": proposer, "num_speculative_tokens": k}
 
 
-def builtin_strategies(draft_model: str | None = None, k: int = 4) -> dict[str, Strategy]:
+def builtin_strategies(draft_model: str | None = None, k: int = 4,
+                       eagle_model: str | None = None) -> dict[str, Strategy]:
     """The article's rows. `draft_model`: a trained draft directory instead of the self-draft
-    (the target's first 4 layers)."""
+    (the target's first 4 layers); `eagle_model`: a trained EAGLE head (adds the eagle rows)."""
     draft = proposer_config("draft", k, draft_model)
     ngram = proposer_config("ngram", k)
     off = {"enable_prefix_caching": False}
@@ -236,9 +236,10 @@ def builtin_strategies(draft_model: str | None = None, k: int = 4) -> dict[str, 
             Strategy("ngram-static", spec(ngram, "static")),
             Strategy("adaptive-ngram", spec(ngram, "adaptive")),
             Strategy("adaptive-draft", spec(draft, "adaptive"))]
-    if "eagle" in METHODS:  # only once the engine has an EAGLE proposer
-        rows.append(Strategy("eagle", spec({"method": "eagle", "num_speculative_tokens": k},
-                                           "static")))
+    if eagle_model is not None:
+        eagle = {"method": "eagle", "model": eagle_model, "num_speculative_tokens": k}
+        rows += [Strategy("eagle-static", spec(eagle, "static")),
+                 Strategy("adaptive-eagle", spec(eagle, "adaptive"))]
     rows.append(Strategy("cache+quant", {"enable_prefix_caching": True, "quantization": "int8",
                                          "kv_cache_dtype": "int8"}))
     return {s.name: s for s in rows}

@@ -67,6 +67,9 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.dtype = config.torch_dtype
         self.model = build_model(cfg, loaded.state_dict, self.dtype)
+        # The LM head's weight as a plain tensor (an EAGLE head shares it): packing and
+        # quantization below replace the module.
+        lm_head_weight = self.model.lm_head.weight
         apply_quantization(self.model, config.quantization, loaded.raw_quantized)
         self.weight_bytes = model_nbytes(self.model) + pack_linears(self.model)
         cache = config.cache
@@ -76,7 +79,7 @@ class LLMEngine:
         # "dual KV cache" cost, made real and reported).
         self.spec_config = SpeculativeConfig.from_dict(config.speculative_config)
         self.proposer = build_proposer(self.spec_config, config, self.tokenizer, cache.block_size,
-                                       self.model.embed_tokens.weight)
+                                       self.model.embed_tokens, lm_head_weight, cfg)
         draft_weights = self.proposer.weight_bytes if self.proposer else 0
         draft_per_token = self.proposer.kv_bytes_per_token if self.proposer else 0
         token_bytes = kv_bytes_per_token(cfg, kv_dtype)
@@ -210,7 +213,8 @@ class LLMEngine:
                 self.stats.num_prompt_tokens += min(n, req.num_prompt_tokens
                                                     - req.num_computed_tokens)
         t1 = time.perf_counter()
-        _, logits = self.runner.execute(inputs, torch.tensor(logits_indices, dtype=torch.long))
+        hidden, logits = self.runner.execute(inputs,
+                                             torch.tensor(logits_indices, dtype=torch.long))
         reqs = [r for r, _ in sampling]
         num_spec = [k for _, k in sampling]
         emitted = emit_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs],
@@ -221,6 +225,7 @@ class LLMEngine:
         num_prefill = sum(n for r, n in sched.scheduled if r.num_computed_tokens < r.num_tokens - 1)
         if any(num_spec):
             self.stats.verify_time += time.perf_counter() - t1
+        computed_before = [req.num_computed_tokens for req, _ in sched.scheduled]
         for req, n in sched.scheduled:
             req.num_computed_tokens += n
         now = time.perf_counter()
@@ -241,6 +246,8 @@ class LLMEngine:
         for req, _ in sched.scheduled:
             if not req.is_finished:
                 self.block_manager.cache_blocks(req)
+        if self.proposer is not None and self.proposer.needs_hidden:
+            self._hand_over_hidden(sched.scheduled, computed_before, inputs.query_start, hidden)
         if self.proposer is not None:
             self.spec_policy.observe_step(sched.total_num_tokens, t_forward,
                                           self.proposer.last_forward_tokens,
@@ -251,6 +258,15 @@ class LLMEngine:
         self.stats.num_steps += 1
         self.stats.step_time += time.perf_counter() - t0
         return outputs
+
+    def _hand_over_hidden(self, scheduled, computed_before: list[int], query_start: list[int],
+                          hidden: torch.Tensor) -> None:
+        """Give an EAGLE proposer the target's features of every position that stayed valid
+        (rejected draft positions were rolled back already)."""
+        for (req, _), before, start in zip(scheduled, computed_before, query_start, strict=True):
+            valid = req.num_computed_tokens - before
+            if not req.is_finished and valid > 0:
+                self.proposer.on_target_hidden(req, before, hidden[start:start + valid])
 
     def _on_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:
         """Roll the target's cache back past the rejected draft tokens."""
@@ -269,6 +285,8 @@ class LLMEngine:
         for req in self.scheduler.running:
             if req.num_computed_tokens != req.num_tokens - 1:
                 continue  # still in prefill
+            if req.spec_token_ids:
+                continue  # not scheduled this step (token budget): its guesses still wait
             reqs.append(req)
             # Never guess past max_tokens or the context: those tokens could not be emitted.
             caps.append(max(min(req.max_tokens - req.num_output_tokens - 1,

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-METHODS = ("ngram", "draft")
+METHODS = ("ngram", "draft", "eagle")
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     method: str
     num_speculative_tokens: int = 4  # K_max
-    model: str | None = None  # draft: a model path (default: the target's own weights)
+    model: str | None = None  # draft: a model path (default: the target's own weights);
+    # eagle: the directory of a head trained by `specserve train-draft --method eagle`
     draft_layers: int | None = None  # self-draft: keep the target's first N layers
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
@@ -40,5 +41,5 @@ class SpeculativeConfig:
             raise ValueError(f"unknown speculative_config keys {sorted(unknown)}; "
                              f"known: {sorted(known)}")
         if "method" not in d:
-            raise ValueError('speculative_config needs a "method" (ngram or draft)')
+            raise ValueError('speculative_config needs a "method" (ngram, draft or eagle)')
         return cls(**d)

@@ -22,6 +22,7 @@ class Proposer(ABC):
     weight_bytes: int = 0
     kv_cache_bytes: int = 0
     kv_bytes_per_token: int = 0  # a draft model's KV cost per token (0: no cache)
+    needs_hidden: bool = False  # wants the target's features after every forward (EAGLE)
 
     def __init__(self) -> None:
         self.last_forward_tokens: list[int] = []  # tokens per draft forward in the last propose
@@ -36,6 +37,10 @@ class Proposer(ABC):
     @abstractmethod
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
         """Guess up to num_tokens[i] tokens that follow reqs[i].all_token_ids."""
+
+    def on_target_hidden(self, req: Request, first: int,  # noqa: B027 (optional hook)
+                         rows: torch.Tensor) -> None:
+        """The target's final hidden states of req at positions first.. (needs_hidden only)."""
 
     def on_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:  # noqa: B027
         """Called after verification (a stateful proposer rolls back its cache)."""

@@ -8,8 +8,10 @@ import argparse
 def add_train_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "train-draft", help="train a small draft for a target in minutes",
-        description="Distil the target's first layers into a draft on its own greedy replies; "
-                    "use it with --speculative-config '{\"method\": \"draft\", \"model\": OUT}'.")
+        description="Train a draft on the target's own greedy replies: --method draft distils "
+                    "the target's first layers into a small model, --method eagle trains an "
+                    "EAGLE head over the target's features; use it with --speculative-config "
+                    "'{\"method\": \"draft\" or \"eagle\", \"model\": OUT}'.")
     p.add_argument("--method", default="draft", choices=("draft", "eagle"))
     p.add_argument("--model", default=None,
                    help="the target: a local HF directory or .gguf (default: the embedded model)")
@@ -27,7 +29,8 @@ def add_train_parser(subparsers) -> None:
     p.add_argument("--max-reply-tokens", type=int, default=128)
     p.add_argument("--max-context", type=int, default=1024,
                    help="prompt tokens beyond this are dropped from the left while training")
-    p.add_argument("--lr", type=float, default=5e-4)
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (default: 5e-4 for draft, 1e-3 for eagle)")
     p.add_argument("--eval-every", type=int, default=20, help="steps between evaluations")
     p.add_argument("--dtype", default="bfloat16", help="the engine's dtype when generating data")
     p.add_argument("--num-threads", type=int, default=None)
@@ -35,17 +38,26 @@ def add_train_parser(subparsers) -> None:
 
 
 def cmd_train_draft(args: argparse.Namespace) -> None:
-    if args.method == "eagle":
-        raise ValueError("--method eagle is not implemented yet; use --method draft")
     from specserve.train.data import read_prompts_jsonl, workload_prompts
-    from specserve.train.distill import DistillConfig
-    from specserve.train.pipeline import summary, train_draft
+    from specserve.train.pipeline import summary, train_draft, train_eagle_head
 
     items = read_prompts_jsonl(args.prompts) if args.prompts else workload_prompts(args.workload)
-    cfg = DistillConfig(num_layers=args.layers, head_vocab=args.head_vocab, minutes=args.minutes,
-                        seed=args.seed, lr=args.lr, eval_every=args.eval_every,
-                        max_context=args.max_context)
     source = f"prompts:{args.prompts}" if args.prompts else f"workload:{args.workload}"
-    outcome = train_draft(args.model, items, args.out, cfg, args.max_reply_tokens, args.dtype,
-                          args.num_threads, source)
+    common = dict(max_reply_tokens=args.max_reply_tokens, dtype=args.dtype,
+                  num_threads=args.num_threads, source=source)
+    if args.method == "eagle":
+        from specserve.train.eagle import EagleConfig
+
+        cfg = EagleConfig(head_vocab=args.head_vocab, minutes=args.minutes, seed=args.seed,
+                          lr=args.lr if args.lr is not None else 1e-3,
+                          eval_every=args.eval_every, max_context=args.max_context)
+        outcome = train_eagle_head(args.model, items, args.out, cfg, **common)
+    else:
+        from specserve.train.distill import DistillConfig
+
+        cfg = DistillConfig(num_layers=args.layers, head_vocab=args.head_vocab,
+                            minutes=args.minutes, seed=args.seed,
+                            lr=args.lr if args.lr is not None else 5e-4,
+                            eval_every=args.eval_every, max_context=args.max_context)
+        outcome = train_draft(args.model, items, args.out, cfg, **common)
     print(summary(outcome))

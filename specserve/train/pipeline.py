@@ -13,8 +13,10 @@ import torch
 
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
+from specserve.spec_decode.eagle_io import save_eagle
 from specserve.train.data import DraftData, PromptItem, build_data
 from specserve.train.distill import DistillConfig, DistillResult, distill
+from specserve.train.eagle import EagleConfig, EagleResult, agreement, eagle_report, train_eagle
 from specserve.train.report import acceptance_report, format_report
 from specserve.train.save import save_draft
 
@@ -22,7 +24,7 @@ from specserve.train.save import save_draft
 @dataclass(slots=True)
 class TrainOutcome:
     path: Path
-    result: DistillResult
+    result: DistillResult | EagleResult
     acceptance: list[dict]
     report: dict
 
@@ -83,7 +85,7 @@ def summary(outcome: TrainOutcome) -> str:
     t = r["time_s"]
     first, last = r["evaluations"][0], r["evaluations"][-1]
     return "\n".join([
-        f"draft saved to {outcome.path}",
+        f"trained {r['method']} saved to {outcome.path}",
         f"{r['train_samples']} train / {r['held_out_samples']} held-out replies; "
         f"{r['steps']} steps ({r['stop_reason']}); head {r['head_vocab_size']} ids",
         f"time: generation {t['generation']:.1f}s, prepare {t['prepare']:.1f}s, "
@@ -92,3 +94,40 @@ def summary(outcome: TrainOutcome) -> str:
         f"{last['held_out_agreement']:.1%}",
         format_report(outcome.acceptance),
     ])
+
+
+def train_eagle_head(target: str | None, items: Sequence[PromptItem], out: str | Path,
+                     cfg: EagleConfig, max_reply_tokens: int = 128, dtype: str = "bfloat16",
+                     num_threads: int | None = None, source: str = "") -> TrainOutcome:
+    t0 = time.perf_counter()
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    data = generate_data(target, items, max_reply_tokens, cfg.seed, dtype, num_threads)
+    loaded = load_model(target)
+    model = build_model(loaded.config, loaded.state_dict, torch.float32)
+    result = train_eagle(model, data.train, data.held_out, cfg)
+    acceptance = eagle_report(result.before, agreement(result.head, result.held_out))
+    report = {
+        "method": "eagle",
+        "target": loaded.name,
+        "target_path": loaded.path,
+        "source": source,
+        "settings": dataclasses.asdict(cfg) | {"max_reply_tokens": max_reply_tokens,
+                                               "generation_dtype": dtype},
+        "head_vocab_size": result.head.head_size,
+        "train_samples": len(data.train),
+        "held_out_samples": len(data.held_out),
+        "train_positions": sum(s.reply_len for s in data.train),
+        "held_out_positions": sum(it.num_positions for it in result.held_out),
+        "steps": result.steps,
+        "stop_reason": result.stop_reason,
+        "evaluations": result.history,
+        "acceptance": acceptance,
+        "acceptance_note": "teacher-forced first-guess agreement (target features as input)",
+        "time_s": {"generation": round(data.generation_time, 3),
+                   "prepare": round(result.prepare_time, 3),
+                   "train": round(result.train_time, 3),
+                   "total": round(time.perf_counter() - t0, 3)},
+    }
+    path = save_eagle(out, result.head, loaded.name, loaded.tokenizer, report)
+    return TrainOutcome(path, result, acceptance, report)

@@ -1,0 +1,53 @@
+"""Trained drafts for the lab: found in the cache, or trained there when the budget allows.
+
+Without them the lab's draft rows would measure the untrained self-draft (the target's first 4
+layers agree with it 1-3% of the time), the straw man issue #8 describes. A draft is trained on
+the lab's own workloads (a train / held-out split of their prompts), once per target and method,
+and cached under ~/.cache/specserve (never in the repository).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from specserve.train.save import cached_draft_path
+
+logger = logging.getLogger("specserve")
+
+TRAIN_WORKLOADS = "prose,json,sql,rag"
+DRAFT_LAYERS = 3
+
+
+def cached_path(target: str | None, method: str) -> Path:
+    """~/.cache/specserve/drafts/<target>-<workloads>-3 (draft) or ...-eagle (eagle)."""
+    base = cached_draft_path(target or "SmolLM2-135M-Instruct", TRAIN_WORKLOADS, DRAFT_LAYERS)
+    return base if method == "draft" else base.with_name(base.name.rsplit("-", 1)[0] + "-eagle")
+
+
+def trained_draft(target: str | None, method: str, minutes: float,
+                  num_threads: int | None = None) -> Path | None:
+    """The cached draft (`method` "draft" or "eagle") for target, training it first when none is
+    cached and minutes > 0; None when there is none and no budget to train one."""
+    path = cached_path(target, method)
+    if (path / "training.json").is_file():
+        return path
+    if minutes <= 0:
+        return None
+    from specserve.train.data import workload_prompts
+
+    items = workload_prompts(TRAIN_WORKLOADS)
+    logger.info("training a %s draft for %.0f min into %s", method, minutes, path)
+    if method == "eagle":
+        from specserve.train.eagle import EagleConfig
+        from specserve.train.pipeline import train_eagle_head
+
+        train_eagle_head(target, items, path, EagleConfig(minutes=minutes),
+                         num_threads=num_threads, source=f"workload:{TRAIN_WORKLOADS}")
+    else:
+        from specserve.train.distill import DistillConfig
+        from specserve.train.pipeline import train_draft
+
+        train_draft(target, items, path, DistillConfig(num_layers=DRAFT_LAYERS, minutes=minutes),
+                    num_threads=num_threads, source=f"workload:{TRAIN_WORKLOADS}")
+    return path

@@ -1,0 +1,92 @@
+"""An EAGLE-style draft head (Li et al. 2024, "EAGLE: Speculative Sampling Requires Rethinking
+Feature Uncertainty").
+
+The head guesses the target's next *feature* (its final normed hidden state) rather than the next
+token from scratch: at position j it reads the target's feature at j - 1 and the embedding of
+token j, fuses them (`fc`: 2H -> H), runs one decoder layer with its own paged KV cache, and
+predicts the feature at j (through a final norm, as the target's features are normed); the
+target's own LM head (restricted to `head_ids`, FR-Spec style)
+turns it into the guess for token j + 1. Chained guesses feed the head's predicted feature back
+in place of the target's. The target's embedding and LM head are shared, never copied.
+
+Position 0 has no previous feature: the head reads zeros there, in training and in serving
+alike, and also wherever the target never computed a feature (a prefix-cache hit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from specserve.config import ModelConfig
+from specserve.layers.attention import AttentionMetadata
+from specserve.layers.kv_cache import LayerKVCache
+from specserve.layers.rotary import RotaryEmbedding
+from specserve.models.llama import DecoderLayer, RMSNorm
+from specserve.train.dense_forward import dense_layers
+
+
+class EagleHead(nn.Module):
+    def __init__(self, target_cfg: ModelConfig, embed_tokens: nn.Embedding,
+                 head_weight: torch.Tensor, head_ids: torch.Tensor | None, dtype: torch.dtype):
+        super().__init__()
+        self.cfg = dataclasses.replace(target_cfg, num_layers=1)
+        self.dtype = dtype  # fc may become a PackedLinear (no .weight) in bf16
+        h = target_cfg.hidden_size
+        self.fc = nn.Linear(2 * h, h, bias=False, dtype=dtype)
+        self.layers = nn.ModuleList([DecoderLayer(self.cfg).to(dtype)])
+        # The target's features are *normed* hidden states; predicting them through a final
+        # norm (trained from the target's) keeps the output on their scale from the first step.
+        self.norm = RMSNorm(h, target_cfg.rms_norm_eps).to(dtype)
+        # Shared with the target (a plain attribute list keeps them out of state_dict()).
+        self._shared = [embed_tokens]
+        self.head_ids = head_ids  # None: the full vocabulary, in order
+        rows = head_weight if head_ids is None else head_weight[head_ids]
+        self.lm_head = nn.Linear(h, rows.shape[0], bias=False, dtype=dtype)
+        self.lm_head.weight = nn.Parameter(rows.detach().to(dtype), requires_grad=False)
+        self.rotary = RotaryEmbedding(self.cfg.head_dim, self.cfg.max_position,
+                                      self.cfg.rope_theta, dtype)
+
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self._shared[0]
+
+    @property
+    def head_size(self) -> int:
+        return self.lm_head.out_features
+
+    def fuse(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        emb = self.embed_tokens(input_ids).to(self.dtype)
+        return self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[LayerKVCache], meta: AttentionMetadata,
+                features: torch.Tensor | None = None) -> torch.Tensor:
+        """The engine's model interface ([num_tokens] ids and positions, a paged cache) plus the
+        previous features [num_tokens, hidden] (None: zeros, as the start-up profile runs it).
+        Returns the predicted features [num_tokens, hidden]."""
+        if features is None:
+            features = torch.zeros(len(input_ids), self.cfg.hidden_size, dtype=self.dtype)
+        x = self.fuse(input_ids, features)
+        cos, sin = self.rotary.lookup(positions)
+        return self.norm(self.layers[0](x, cos, sin, kv_caches[0], meta))
+
+    def dense(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Training: [B, T] ids and [B, T, hidden] previous features -> [B, T, hidden]."""
+        return self.norm(dense_layers(self.layers, self.fuse(input_ids, features), self.rotary))
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> [n, head_size] fp32 logits over the head's ids."""
+        return self.lm_head(hidden).float()
+
+    def to_full_ids(self, head_index: torch.Tensor) -> torch.Tensor:
+        return head_index if self.head_ids is None else self.head_ids[head_index]
+
+
+def shift_features(hidden: torch.Tensor) -> torch.Tensor:
+    """[B, T, H] target features -> the head's inputs: position j reads feature j - 1 (zeros at
+    0)."""
+    return torch.cat([torch.zeros_like(hidden[:, :1]), hidden[:, :-1]], dim=1)

@@ -1,0 +1,189 @@
+"""EAGLE heads (spec_decode/eagle*.py, train/eagle.py) on tiny random models: a short training
+run raises held-out agreement, the saved head is used losslessly inside a mixed batch (with the
+target's features handed over step by step), and a head for another target is refused."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_models import VOCAB, make_tiny_model
+
+from specserve import LLM, SamplingParams
+from specserve.spec_decode.eagle import EagleSeq
+from specserve.train.data import PromptItem
+from specserve.train.eagle import EagleConfig, head_outputs
+from specserve.train.pipeline import train_eagle_head
+
+BUDGET_S = 3.0
+HEAD = 32
+KV = 16 << 20
+
+
+def _items(n: int, seed: int) -> list[PromptItem]:
+    rng = random.Random(seed)
+    return [PromptItem(kind="ab"[i % 2],
+                       token_ids=[rng.randrange(2, VOCAB) for _ in range(rng.randrange(3, 12))])
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One 3-second run: an EAGLE head with a 32-of-64 LM head for a 4-layer target."""
+    root = tmp_path_factory.mktemp("eagle")
+    target = make_tiny_model(root / "target", num_layers=4, seed=3)
+    cfg = EagleConfig(head_vocab=HEAD, minutes=BUDGET_S / 60, lr=3e-3, eval_every=10,
+                      batch_tokens=512, show_progress=False)
+    outcome = train_eagle_head(str(target), _items(48, seed=0), root / "head", cfg,
+                               max_reply_tokens=24, dtype="float32")
+    return target, outcome
+
+
+def _mixed_batch() -> tuple[list[list[int]], list[SamplingParams]]:
+    rng = random.Random(5)
+    prompts = [[rng.randrange(2, VOCAB) for _ in range(n)] for n in (3, 7, 12, 20, 5, 33)]
+    params = [SamplingParams(temperature=0, max_tokens=10 + 3 * i) for i in range(len(prompts))]
+    return prompts, params
+
+
+def _spec(target, path, **kw) -> LLM:
+    return LLM(str(target), dtype="float32", kv_cache_memory=KV, speculation_policy="static",
+               speculative_config={"method": "eagle", "model": str(path),
+                                   "num_speculative_tokens": 3}, **kw)
+
+
+def test_training_raises_held_out_agreement_within_budget(trained):
+    _, outcome = trained
+    evals = outcome.report["evaluations"]
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == outcome.result.steps > 0
+    assert evals[-1]["held_out_agreement"] >= evals[0]["held_out_agreement"] + 0.05
+    every = outcome.report["acceptance"][-1]
+    assert every["kind"] == "all" and every["after"] > every["before"]
+    assert outcome.result.stop_reason == "time"
+    assert 0.5 * BUDGET_S < outcome.result.train_time < 2 * BUDGET_S
+
+
+def test_saved_directory_format(trained):
+    target, outcome = trained
+    out = outcome.path
+    meta = json.loads((out / "eagle.json").read_text())["specserve_eagle"]
+    assert meta["target"] == target.name and meta["head_vocab_size"] == HEAD
+    assert (meta["target_vocab_size"], meta["hidden_size"]) == (VOCAB, 64)
+    weights = load_file(str(out / "model.safetensors"))
+    assert weights["fc.weight"].shape == (64, 128)  # [embedding | feature] -> hidden
+    assert not any(k.startswith(("lm_head", "embed")) for k in weights)  # the target's
+    assert len(json.loads((out / "head_ids.json").read_text())) == HEAD
+    assert (out / "tokenizer.json").is_file() and (out / "training.json").is_file()
+
+
+def test_eagle_is_lossless_in_a_mixed_batch(trained):
+    target, outcome = trained
+    prompts, params = _mixed_batch()
+    ref = LLM(str(target), dtype="float32", kv_cache_memory=KV).generate(prompts, params)
+    spec = _spec(target, outcome.path)
+    outs = spec.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
+    stats = spec.get_stats()
+    assert stats["spec_method"] == "eagle" and stats["num_draft_tokens"] > 0
+    assert stats["num_accepted_tokens"] > 0  # the head learned something it can use
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    assert not spec.engine.proposer.seqs  # every request's features and blocks were freed
+    # Random requests run through rejection sampling with the head's probabilities.
+    outs = spec.generate(prompts, SamplingParams(temperature=0.8, max_tokens=6, seed=1))
+    assert all(len(o.outputs[0].token_ids) == 6 or o.outputs[0].finish_reason == "stop"
+               for o in outs)
+
+
+def test_eagle_runs_in_bf16_with_packed_weights(trained):
+    """bf16 packs the head's linears for oneDNN (no .weight left): serving must not need it."""
+    target, outcome = trained
+    llm = LLM(str(target), dtype="bfloat16", kv_cache_memory=KV, speculation_policy="adaptive",
+              speculative_config={"method": "eagle", "model": str(outcome.path)})
+    prompts, params = _mixed_batch()
+    llm.engine.set_speculation_policy("static", 3)
+    outs = llm.generate(prompts, params)
+    assert all(o.outputs[0].token_ids for o in outs)
+    stats = llm.get_stats()
+    assert stats["num_draft_tokens"] > 0 and stats["draft_weight_bytes"] > 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    head_pool = llm.engine.proposer.block_manager
+    assert head_pool.num_free_blocks == head_pool.num_blocks  # the head's own pool too
+
+
+def test_the_engine_head_guesses_what_the_trained_head_guesses(trained):
+    """In the engine the head reads features the target hands over step by step (paged KV,
+    catch-up after every verification); its first guess at each position must be the dense
+    training forward's guess on the same tokens (the save / load round trip included)."""
+    target, outcome = trained
+    spec = LLM(str(target), dtype="float32", kv_cache_memory=KV, speculation_policy="static",
+               speculative_config={"method": "eagle", "model": str(outcome.path),
+                                   "num_speculative_tokens": 1})
+    proposer = spec.engine.proposer
+    seen: list[tuple[int, int]] = []  # (position of the last known token, guess after it)
+    propose = proposer.propose
+
+    def record(reqs, ks):
+        proposal = propose(reqs, ks)
+        seen.extend((len(r.all_token_ids) - 1, toks[0])
+                    for r, k, toks in zip(reqs, ks, proposal.token_ids, strict=True) if k)
+        return proposal
+
+    proposer.propose = record
+    trained_head = outcome.result.head
+    checked = 0
+    for it in outcome.result.held_out[:4]:
+        seen.clear()
+        out = spec.generate([it.token_ids[:it.start + 1]],
+                            SamplingParams(temperature=0, max_tokens=it.num_positions))
+        assert out[0].outputs[0].token_ids == it.token_ids[it.start + 1:]  # the data's reply
+        with torch.no_grad():
+            pred, _ = head_outputs(trained_head, [it])
+            dense = trained_head.to_full_ids(trained_head.compute_logits(pred).argmax(dim=-1))
+        assert seen
+        for pos, guess in seen:
+            assert guess == int(dense[pos - it.start]), pos
+        checked += len(seen)
+    assert checked >= 8
+
+
+def test_feature_buffer_fills_gaps_with_zeros_and_trims_the_oldest_rows(monkeypatch):
+    seq = EagleSeq.__new__(EagleSeq)
+    seq.chunks, seq.num_pending = [], 0
+    seq.add_features(2, torch.ones(3, 4))  # positions 2, 3, 4
+    seq.add_features(6, 2 * torch.ones(2, 4))  # positions 6, 7 (5 never computed)
+    got = seq.features(-1, 9, 4, torch.float32)  # positions -1 .. 7
+    assert got[:, 0].tolist() == [0, 0, 0, 1, 1, 1, 0, 2, 2]
+    seq.drop_features_before(4)
+    assert seq.features(-1, 9, 4, torch.float32)[:, 0].tolist() == [0, 0, 0, 0, 0, 1, 0, 2, 2]
+    assert seq.num_pending == 3
+    monkeypatch.setattr("specserve.spec_decode.eagle.MAX_PENDING_FEATURES", 4)
+    seq.add_features(8, 3 * torch.ones(2, 4))  # 5 rows > 4: only position 4 goes
+    assert seq.num_pending == 4
+    assert seq.features(4, 6, 4, torch.float32)[:, 0].tolist() == [0, 0, 2, 2, 3, 3]
+
+
+def test_head_for_another_target_is_refused(trained, tmp_path):
+    target, outcome = trained
+    other_weights = make_tiny_model(tmp_path / "seed7", num_layers=4, seed=7)
+    with pytest.raises(ValueError, match="trained for a different target"):
+        _spec(other_weights, outcome.path)
+    other_hidden = make_tiny_model(tmp_path / "hidden32", num_layers=4, hidden_size=32)
+    with pytest.raises(ValueError, match="trained for a different target"):
+        _spec(other_hidden, outcome.path)
+    other_tok = shutil.copytree(target, tmp_path / "other_tok")
+    tok = json.loads((other_tok / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    tok["model"]["vocab"] = {(k if k.startswith("<") else "v" + k[1:]): v
+                             for k, v in vocab.items()}
+    (other_tok / "tokenizer.json").write_text(json.dumps(tok))
+    with pytest.raises(ValueError, match="tokenizer does not match"):
+        _spec(other_tok, outcome.path)
+    with pytest.raises(ValueError, match="not an EAGLE head"):
+        _spec(target, tmp_path)
+    with pytest.raises(ValueError, match="needs \"model\""):
+        LLM(str(target), dtype="float32", kv_cache_memory=KV,
+            speculative_config={"method": "eagle"})
