@@ -5,30 +5,22 @@ target's features handed over step by step), and a head for another target is re
 from __future__ import annotations
 
 import json
-import random
 import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_train_draft import _items, _mixed_batch
 from tiny_models import VOCAB, make_tiny_model
 
 from specserve import LLM, SamplingParams
 from specserve.spec_decode.eagle import EagleSeq
-from specserve.train.data import PromptItem
 from specserve.train.eagle import EagleConfig, head_outputs
 from specserve.train.pipeline import train_eagle_head
 
 BUDGET_S = 3.0
 HEAD = 32
 KV = 16 << 20
-
-
-def _items(n: int, seed: int) -> list[PromptItem]:
-    rng = random.Random(seed)
-    return [PromptItem(kind="ab"[i % 2],
-                       token_ids=[rng.randrange(2, VOCAB) for _ in range(rng.randrange(3, 12))])
-            for i in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +33,6 @@ def trained(tmp_path_factory):
     outcome = train_eagle_head(str(target), _items(48, seed=0), root / "head", cfg,
                                max_reply_tokens=24, dtype="float32")
     return target, outcome
-
-
-def _mixed_batch() -> tuple[list[list[int]], list[SamplingParams]]:
-    rng = random.Random(5)
-    prompts = [[rng.randrange(2, VOCAB) for _ in range(n)] for n in (3, 7, 12, 20, 5, 33)]
-    params = [SamplingParams(temperature=0, max_tokens=10 + 3 * i) for i in range(len(prompts))]
-    return prompts, params
 
 
 def _spec(target, path, **kw) -> LLM:

@@ -17,6 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specserve.sample.rejection_sampler import sample_from_probs
+from specserve.sample.sampler import compute_probs
+
 
 def reduced_head(weight: torch.Tensor) -> nn.Linear:
     """An LM head with weight's rows ([V', hidden]), in weight's dtype."""
@@ -30,3 +33,27 @@ def to_full_vocab_probs(probs: torch.Tensor, head_ids: torch.Tensor,
     """[n, V'] probabilities over the head's ids -> [n, vocab_size], zero outside the head."""
     full = probs.new_zeros(probs.shape[0], vocab_size)
     return full.index_copy_(1, head_ids, probs)
+
+
+def draft_tokens(logits: torch.Tensor, params: list, generators: list,
+                 head_ids: torch.Tensor | None, vocab_size: int, need_probs: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A draft's guesses from its logits [n, V'] (one row per request): the argmax for greedy
+    requests, a sample from the request's filtered distribution otherwise. Returns the guesses as
+    vocabulary ids [n] and, when need_probs, the draft probabilities [n, vocab_size]."""
+    tokens = logits.argmax(dim=-1)
+    probs = None
+    if need_probs:
+        temp = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params])
+        # None skips the filter (top-p sorts the whole vocabulary), as emit.py does.
+        top_k = torch.tensor([p.top_k for p in params]) if any(p.top_k for p in params) else None
+        top_p = (torch.tensor([p.top_p for p in params])
+                 if any(p.top_p < 1 for p in params) else None)
+        probs = compute_probs(logits, temp, top_k, top_p)
+        sampled = sample_from_probs(probs, generators)
+        tokens = torch.where(torch.tensor([p.is_greedy for p in params]), tokens, sampled)
+        if head_ids is not None:
+            probs = to_full_vocab_probs(probs, head_ids, vocab_size)
+    if head_ids is not None:  # head rows -> vocabulary ids
+        tokens = head_ids[tokens]
+    return tokens, probs

@@ -29,10 +29,8 @@ from specserve.layers.linear import pack_linears
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
 from specserve.quant.swap import apply_quantization, model_nbytes
-from specserve.sample.rejection_sampler import sample_from_probs
-from specserve.sample.sampler import compute_probs
 from specserve.spec_decode.config import SpeculativeConfig
-from specserve.spec_decode.draft_head import reduced_head, to_full_vocab_probs
+from specserve.spec_decode.draft_head import draft_tokens, reduced_head
 from specserve.spec_decode.proposer import Proposal, Proposer
 
 
@@ -161,23 +159,9 @@ class DraftModelProposer(Proposer):
             self.last_forward_tokens.append(sum(n for _, n in batch))
             for seq, n in batch:
                 seq.num_computed_tokens += n
-            tokens = logits.argmax(dim=-1)
-            if need_probs:
-                params = [seqs[i].req.params for i in alive]
-                temp = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params])
-                # None skips the filter (top-p sorts the whole vocabulary), as emit.py does.
-                top_k = (torch.tensor([p.top_k for p in params])
-                         if any(p.top_k for p in params) else None)
-                top_p = (torch.tensor([p.top_p for p in params])
-                         if any(p.top_p < 1 for p in params) else None)
-                probs = compute_probs(logits, temp, top_k, top_p)
-                sampled = sample_from_probs(probs, [seqs[i].generator for i in alive])
-                greedy = torch.tensor([p.is_greedy for p in params])
-                tokens = torch.where(greedy, tokens, sampled)
-                if self.head_ids is not None:
-                    probs = to_full_vocab_probs(probs, self.head_ids, vocab_size)
-            if self.head_ids is not None:  # head rows -> vocabulary ids
-                tokens = self.head_ids[tokens]
+            tokens, probs = draft_tokens(logits, [seqs[i].req.params for i in alive],
+                                         [seqs[i].generator for i in alive], self.head_ids,
+                                         vocab_size, need_probs)
             for j, (i, token) in enumerate(zip(alive, tokens.tolist(), strict=True)):
                 proposals[i].append(token)
                 seqs[i].spec_token_ids.append(token)

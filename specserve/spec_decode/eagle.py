@@ -23,9 +23,7 @@ from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
 from specserve.engine.request import Request
 from specserve.layers.linear import pack_linears
 from specserve.quant.swap import model_nbytes
-from specserve.sample.rejection_sampler import sample_from_probs
-from specserve.sample.sampler import compute_probs
-from specserve.spec_decode.draft_head import to_full_vocab_probs
+from specserve.spec_decode.draft_head import draft_tokens
 from specserve.spec_decode.eagle_io import load_eagle
 from specserve.spec_decode.proposer import Proposal, Proposer
 
@@ -184,22 +182,10 @@ class EagleProposer(Proposer):
                 if first_forward:  # real-feature positions: kept across proposals
                     seq.num_real = seq.num_computed_tokens
                     seq.drop_features_before(seq.num_real - 1)
-            tokens = logits.argmax(dim=-1)
-            if need_probs:
-                params = [seqs[i].req.params for i in batch_ids]
-                temp = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params])
-                top_k = (torch.tensor([p.top_k for p in params])
-                         if any(p.top_k for p in params) else None)
-                top_p = (torch.tensor([p.top_p for p in params])
-                         if any(p.top_p < 1 for p in params) else None)
-                probs = compute_probs(logits, temp, top_k, top_p)
-                sampled = sample_from_probs(probs, [seqs[i].generator for i in batch_ids])
-                greedy = torch.tensor([p.is_greedy for p in params])
-                tokens = torch.where(greedy, tokens, sampled)
-                if self.head.head_ids is not None:
-                    probs = to_full_vocab_probs(probs, self.head.head_ids,
-                                                self.model_config.vocab_size)
-            tokens = self.head.to_full_ids(tokens)
+            tokens, probs = draft_tokens(logits, [seqs[i].req.params for i in batch_ids],
+                                         [seqs[i].generator for i in batch_ids],
+                                         self.head.head_ids, self.model_config.vocab_size,
+                                         need_probs)
             for j, (i, token) in enumerate(zip(batch_ids, tokens.tolist(), strict=True)):
                 proposals[i].append(token)
                 seqs[i].spec_token_ids.append(token)
