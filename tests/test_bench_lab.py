@@ -216,8 +216,9 @@ def test_prepared_workload_cycles_through_items():
     assert wl.take(4) == [([1], 5), ([2], 6), ([3], 7), ([1], 5)]
 
 
-def test_lab_finds_cached_drafts_and_trains_only_with_a_budget(tmp_path, monkeypatch):
+def test_lab_finds_cached_drafts_and_trains_only_with_a_budget(tmp_path, monkeypatch, caplog):
     from specserve.bench.trained import cached_path, trained_draft
+    from specserve.train.pipeline import RECIPE
 
     monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
     for method in ("draft", "eagle"):
@@ -225,6 +226,11 @@ def test_lab_finds_cached_drafts_and_trains_only_with_a_budget(tmp_path, monkeyp
         assert path.is_relative_to(tmp_path)
         assert trained_draft(None, method, minutes=0) is None  # nothing cached, no budget
         path.mkdir(parents=True)
-        (path / "training.json").write_text("{}")
+        (path / "training.json").write_text(json.dumps({"recipe": RECIPE}))
+        caplog.clear()
         assert trained_draft(None, method, minutes=0) == path
+        assert "older recipe" not in caplog.text
+        (path / "training.json").write_text("{}")  # an older recipe: used, with a warning
+        assert trained_draft(None, method, minutes=0) == path
+        assert "older recipe" in caplog.text
     assert cached_path(None, "draft") != cached_path(None, "eagle")

@@ -15,6 +15,7 @@ from tiny_models import VOCAB, make_tiny_model
 
 from specserve import LLM, SamplingParams
 from specserve.spec_decode.eagle import EagleSeq
+from specserve.train.data import DataConfig
 from specserve.train.eagle import EagleConfig, head_outputs
 from specserve.train.pipeline import train_eagle_head
 
@@ -31,7 +32,7 @@ def trained(tmp_path_factory):
     cfg = EagleConfig(head_vocab=HEAD, minutes=BUDGET_S / 60, lr=3e-3, eval_every=10,
                       batch_tokens=512, show_progress=False)
     outcome = train_eagle_head(str(target), _items(48, seed=0), root / "head", cfg,
-                               max_reply_tokens=24, dtype="float32")
+                               data_cfg=DataConfig(max_reply_tokens=24, dtype="float32"))
     return target, outcome
 
 
@@ -44,12 +45,25 @@ def _spec(target, path, **kw) -> LLM:
 def test_training_raises_held_out_agreement_within_budget(trained):
     _, outcome = trained
     evals = outcome.report["evaluations"]
-    assert evals[0]["step"] == 0 and evals[-1]["step"] == outcome.result.steps > 0
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == outcome.result.loop.steps > 0
     assert evals[-1]["held_out_agreement"] >= evals[0]["held_out_agreement"] + 0.05
     every = outcome.report["acceptance"][-1]
     assert every["kind"] == "all" and every["after"] > every["before"]
-    assert outcome.result.stop_reason == "time"
-    assert 0.5 * BUDGET_S < outcome.result.train_time < 2 * BUDGET_S
+    assert outcome.result.loop.stop_reason == "time"
+    assert 0.5 * BUDGET_S < outcome.result.loop.train_time < 2 * BUDGET_S
+
+
+def test_bf16_teacher_without_autocast(tmp_path):
+    """Features cached from the bf16 target (as served) feed an fp32 head without autocast."""
+    target = make_tiny_model(tmp_path / "target", num_layers=4, seed=3)
+    cfg = EagleConfig(head_vocab=HEAD, minutes=1, max_steps=2, eval_every=1, batch_tokens=512,
+                      bf16=False, show_progress=False)
+    outcome = train_eagle_head(str(target), _items(12, seed=4), tmp_path / "head", cfg,
+                               data_cfg=DataConfig(max_reply_tokens=8, replies_per_prompt=2))
+    evals = outcome.report["evaluations"]
+    assert [e["step"] for e in evals] == [0, 1, 2]
+    assert all(torch.isfinite(torch.tensor(e["loss"])) for e in evals[1:])
+    assert outcome.result.before and outcome.report["recipe"] >= 2
 
 
 def test_saved_directory_format(trained):

@@ -18,9 +18,10 @@ from specserve import LLM, SamplingParams
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
 from specserve.spec_decode.draft_head import to_full_vocab_probs
-from specserve.train.data import PromptItem, Sample, split_samples
+from specserve.train.data import DataConfig, PromptItem, Sample, build_data, split_by_kind
 from specserve.train.dense_forward import dense_hidden, dense_logits, pad_batch
 from specserve.train.distill import DistillConfig
+from specserve.train.loop import lr_factor
 from specserve.train.pipeline import train_draft
 from specserve.train.save import cached_draft_path
 
@@ -47,7 +48,7 @@ def trained(tmp_path_factory):
     cfg = DistillConfig(num_layers=1, head_vocab=HEAD, minutes=BUDGET_S / 60, lr=3e-3,
                         eval_every=10, batch_tokens=512, show_progress=False)
     outcome = train_draft(str(target), _items(48, seed=0), root / "draft", cfg,
-                          max_reply_tokens=24, dtype="float32")
+                          data_cfg=DataConfig(max_reply_tokens=24, dtype="float32"))
     return target, outcome
 
 
@@ -82,7 +83,7 @@ def test_dense_forward_matches_the_engine(tmp_path):
 def test_training_raises_held_out_agreement(trained):
     _, outcome = trained
     evals = outcome.report["evaluations"]
-    assert evals[0]["step"] == 0 and evals[-1]["step"] == outcome.result.steps > 0
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == outcome.result.loop.steps > 0
     assert evals[-1]["held_out_agreement"] >= evals[0]["held_out_agreement"] + 0.05
     every = outcome.report["acceptance"][-1]
     assert every["kind"] == "all" and every["after"] > every["before"]
@@ -91,8 +92,8 @@ def test_training_raises_held_out_agreement(trained):
 
 def test_time_budget_is_respected(trained):
     result = trained[1].result
-    assert result.stop_reason == "time"
-    assert 0.5 * BUDGET_S < result.train_time < 2 * BUDGET_S
+    assert result.loop.stop_reason == "time"
+    assert 0.5 * BUDGET_S < result.loop.train_time < 2 * BUDGET_S
 
 
 def test_saved_directory_format(trained):
@@ -109,7 +110,8 @@ def test_saved_directory_format(trained):
     assert not any("embed" in k for k in weights)
     assert weights["lm_head.weight"].shape == (HEAD, 64)
     report = json.loads((out / "training.json").read_text())
-    assert report["train_samples"] + report["held_out_samples"] == 48
+    # 48 prompts, 8 held out (greedy reply only), 40 trained on with 4 replies each.
+    assert (report["held_out_samples"], report["train_samples"]) == (8, 4 * 40)
     assert (out / "tokenizer.json").is_file()
     with pytest.raises(ValueError, match="shares its embedding"):
         load_model(str(out))  # alone, without its target
@@ -180,8 +182,8 @@ def test_qwen2_target_round_trips(tmp_path):
     cfg = DistillConfig(num_layers=1, head_vocab=0, minutes=1, max_steps=3, eval_every=2,
                         batch_tokens=512, show_progress=False)
     outcome = train_draft(str(target), _items(12, seed=1), tmp_path / "draft", cfg,
-                          max_reply_tokens=8, dtype="float32")
-    assert outcome.result.stop_reason == "max_steps" and outcome.result.steps == 3
+                          data_cfg=DataConfig(max_reply_tokens=8, dtype="float32"))
+    assert outcome.result.loop.stop_reason == "max_steps" and outcome.result.loop.steps == 3
     assert json.loads((outcome.path / "config.json").read_text())["attention_bias"] is True
     prompts, params = _mixed_batch()
     ref = LLM(str(target), dtype="float32", kv_cache_memory=16 << 20).generate(prompts, params)
@@ -192,13 +194,63 @@ def test_qwen2_target_round_trips(tmp_path):
     assert spec.engine.proposer.head_ids is None  # head_vocab=0: the full vocabulary
 
 
+@pytest.mark.parametrize("bf16", [False, True])
+def test_bf16_teacher_with_and_without_autocast(tmp_path, bf16):
+    """The default set-up: the teacher is the target in bf16 (as served), its cached hidden
+    states are bf16, and the draft's fp32 weights train with or without bf16 autocast."""
+    cfg = DistillConfig(num_layers=1, head_vocab=HEAD, minutes=1, max_steps=2, eval_every=1,
+                        batch_tokens=512, bf16=bf16, show_progress=False)
+    outcome = train_draft(str(_target(tmp_path / "target")), _items(12, seed=4),
+                          tmp_path / "draft", cfg,
+                          data_cfg=DataConfig(max_reply_tokens=8, replies_per_prompt=2))
+    evals = outcome.report["evaluations"]
+    assert [e["step"] for e in evals] == [0, 1, 2]
+    assert all(torch.isfinite(torch.tensor(e["loss"])) for e in evals[1:])
+    assert all(p.dtype == torch.float32 for p in outcome.result.draft.parameters())
+
+
+def test_lr_warms_up_then_follows_a_cosine_over_the_time_budget():
+    cfg = DistillConfig(lr=1.0, warmup_steps=10, final_lr_fraction=0.1)
+    assert lr_factor(0, 0.0, 60, cfg) == pytest.approx(0.1)  # warm-up: step 1 of 10
+    assert lr_factor(9, 0.0, 60, cfg) == pytest.approx(1.0)
+    assert lr_factor(500, 30.0, 60, cfg) == pytest.approx(0.55)  # half the budget
+    assert lr_factor(500, 60.0, 60, cfg) == pytest.approx(0.1)
+    assert lr_factor(500, 90.0, 60, cfg) == pytest.approx(0.1)  # past the deadline
+
+
 def test_split_is_seeded_and_stratified():
     samples = [Sample("ab"[i % 2], [i, i + 1], 1) for i in range(40)]
-    train, held = split_samples(samples, 0.15, seed=0)
-    assert split_samples(samples, 0.15, seed=0) == (train, held)
-    assert split_samples(samples, 0.15, seed=1) != (train, held)
+    train, held = split_by_kind(samples, 0.15, seed=0)
+    assert split_by_kind(samples, 0.15, seed=0) == (train, held)
+    assert split_by_kind(samples, 0.15, seed=1) != (train, held)
     assert len(held) == 6 and {s.kind for s in held} == {"a", "b"}
     assert len(train) + len(held) == 40
+
+
+def test_data_holds_out_whole_prompts_and_samples_extra_replies(tmp_path):
+    llm = LLM(str(_target(tmp_path / "target")), dtype="float32", kv_cache_memory=16 << 20)
+    items = _items(20, seed=2)
+    cfg = DataConfig(max_reply_tokens=12, replies_per_prompt=3, reply_temperature=1.0)
+    data = build_data(llm, items, cfg, seed=0)
+    again = build_data(llm, items, cfg, seed=0)  # seeded: the same data
+    assert (again.train, again.held_out) == (data.train, data.held_out)
+
+    def prompt(sample: Sample) -> tuple[int, ...]:
+        return tuple(sample.token_ids[:sample.prompt_len])
+
+    train_prompts = [prompt(s) for s in data.train]
+    held_prompts = [prompt(s) for s in data.held_out]
+    assert not set(train_prompts) & set(held_prompts)
+    assert len(held_prompts) == len(set(held_prompts)) == 4  # greedy only: one per prompt
+    assert all(train_prompts.count(p) == 3 for p in set(train_prompts))
+    # Per training prompt: the greedy reply (what a greedy engine says) and two sampled ones.
+    greedy = llm.generate([list(p) for p in dict.fromkeys(train_prompts)],
+                          SamplingParams(temperature=0, max_tokens=12))
+    firsts = {prompt(s): s.token_ids for s in reversed(data.train)}  # first sample per prompt
+    assert [firsts[tuple(o.prompt_token_ids)] for o in greedy] == [
+        list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in greedy]
+    assert any(len({tuple(s.token_ids) for s in data.train if prompt(s) == p}) > 1
+               for p in set(train_prompts))
 
 
 def test_cli(tmp_path, capsys):

@@ -8,6 +8,7 @@ and cached under ~/.cache/specserve (never in the repository).
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -29,10 +30,18 @@ def trained_draft(target: str | None, method: str, minutes: float,
                   num_threads: int | None = None) -> Path | None:
     """The cached draft (`method` "draft" or "eagle") for target, training it first when none is
     cached and minutes > 0; None when there is none and no budget to train one."""
+    from specserve.train.pipeline import RECIPE
+
     path = cached_path(target, method)
-    if (path / "training.json").is_file():
-        return path
-    if minutes <= 0:
+    report = path / "training.json"
+    if report.is_file():
+        if json.loads(report.read_text()).get("recipe", 1) >= RECIPE:
+            return path
+        if minutes <= 0:
+            logger.warning("%s was trained with an older recipe; retrain it with "
+                           "--train-minutes > 0", path)
+            return path
+    elif minutes <= 0:
         return None
     from specserve.train.data import workload_prompts
 

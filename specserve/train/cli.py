@@ -1,4 +1,5 @@
-"""`specserve train-draft`: flags to a DistillConfig, then train/pipeline.py does the work."""
+"""`specserve train-draft`: flags to a DataConfig and a DistillConfig / EagleConfig, then
+train/pipeline.py does the work."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import argparse
 def add_train_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "train-draft", help="train a small draft for a target in minutes",
-        description="Train a draft on the target's own greedy replies: --method draft distils "
+        description="Train a draft on the target's own replies: --method draft distils "
                     "the target's first layers into a small model, --method eagle trains an "
                     "EAGLE head over the target's features; use it with --speculative-config "
                     "'{\"method\": \"draft\" or \"eagle\", \"model\": OUT}'.")
@@ -27,24 +28,33 @@ def add_train_parser(subparsers) -> None:
                    help="ids in the draft's LM head, by target probability mass (0: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-reply-tokens", type=int, default=128)
+    p.add_argument("--replies-per-prompt", type=int, default=4,
+                   help="replies generated per training prompt: the greedy one plus sampled "
+                        "ones (held-out prompts get the greedy reply only)")
+    p.add_argument("--reply-temperature", type=float, default=1.0,
+                   help="temperature of the sampled replies")
     p.add_argument("--max-context", type=int, default=1024,
                    help="prompt tokens beyond this are dropped from the left while training")
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (default: 5e-4 for draft, 1e-3 for eagle)")
     p.add_argument("--eval-every", type=int, default=20, help="steps between evaluations")
-    p.add_argument("--dtype", default="bfloat16", help="the engine's dtype when generating data")
+    p.add_argument("--dtype", default="bfloat16",
+                   help="the dtype the target is served in: the engine's while generating the "
+                        "data, and the teacher's")
     p.add_argument("--num-threads", type=int, default=None)
     p.set_defaults(func=cmd_train_draft)
 
 
 def cmd_train_draft(args: argparse.Namespace) -> None:
-    from specserve.train.data import read_prompts_jsonl, workload_prompts
+    from specserve.train.data import DataConfig, read_prompts_jsonl, workload_prompts
     from specserve.train.pipeline import summary, train_draft, train_eagle_head
 
     items = read_prompts_jsonl(args.prompts) if args.prompts else workload_prompts(args.workload)
     source = f"prompts:{args.prompts}" if args.prompts else f"workload:{args.workload}"
-    common = dict(max_reply_tokens=args.max_reply_tokens, dtype=args.dtype,
-                  num_threads=args.num_threads, source=source)
+    data_cfg = DataConfig(max_reply_tokens=args.max_reply_tokens,
+                          replies_per_prompt=args.replies_per_prompt,
+                          reply_temperature=args.reply_temperature, dtype=args.dtype)
+    common = dict(data_cfg=data_cfg, num_threads=args.num_threads, source=source)
     if args.method == "eagle":
         from specserve.train.eagle import EagleConfig
 

@@ -67,5 +67,5 @@ def select_head_ids(hidden_rows: list[torch.Tensor], lm_head: torch.Tensor, size
     with torch.no_grad():
         for rows in hidden_rows:
             for part in rows.split(chunk):
-                mass += (part @ lm_head.T).float().softmax(dim=-1).sum(dim=0)
+                mass += (part.to(lm_head.dtype) @ lm_head.T).float().softmax(dim=-1).sum(dim=0)
     return mass.topk(size).indices.sort().values

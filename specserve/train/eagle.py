@@ -1,13 +1,14 @@
 """Train an EAGLE head (spec_decode/eagle_head.py) for a target within a wall-clock budget.
 
-Data: the target's own greedy replies (train/data.py). The target's final normed hidden state at
+Data: the target's own replies (train/data.py). The target's final normed hidden state at
 every position is computed once and kept (the head reads them as input and predicts them).
 At reply position j the head reads (embedding of token j, target feature j - 1) and predicts
 feature j; its loss is KL(target || head) over the head's vocabulary ids at the next token (the
 target restricted to those ids and renormalised, as in distill.py) plus a small smooth-L1 term
 pulling the predicted feature toward the target's, which keeps chained guesses (fed the head's
 own features) on track. The input features get a little uniform noise for the same reason
-(EAGLE's recipe). Embedding and LM head are the target's and stay frozen.
+(EAGLE's recipe). Embedding and LM head are the target's and stay frozen; the loop (AdamW,
+bf16 autocast, time budget) is train/loop.py.
 
 Held-out agreement is teacher-forced: the head's argmax at each reply position, given the
 target's real features, against the target's greedy token: the acceptance of a first guess.
@@ -19,7 +20,7 @@ import copy
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,30 +31,15 @@ from specserve.train.batches import clip, length_batches
 from specserve.train.data import Sample
 from specserve.train.dense_forward import dense_hidden, pad_batch
 from specserve.train.draft_net import select_head_ids
-from specserve.train.progress import TrainProgress
+from specserve.train.loop import BudgetConfig, LoopResult, train_within_budget
+from specserve.train.report import overall
 
 
 @dataclass(frozen=True, slots=True)
-class EagleConfig:
-    head_vocab: int = 8192  # 0: the full vocabulary
-    minutes: float = 5.0
-    seed: int = 0
+class EagleConfig(BudgetConfig):
     lr: float = 1e-3
-    warmup_steps: int = 10
-    batch_tokens: int = 4096
-    eval_every: int = 20
-    max_context: int | None = 1024
     feature_loss: float = 0.1  # weight of the smooth-L1 feature term
     feature_noise: float = 0.1  # uniform input noise, relative to the features' mean |value|
-    head_mass_positions: int = 16384
-    max_steps: int | None = None
-    show_progress: bool = True
-
-    def __post_init__(self) -> None:
-        if self.minutes <= 0:
-            raise ValueError("minutes must be > 0")
-        if self.head_vocab < 0:
-            raise ValueError("head_vocab must be >= 0 (0: the full vocabulary)")
 
 
 @dataclass(slots=True)
@@ -72,12 +58,9 @@ class Featured:
 class EagleResult:
     head: EagleHead
     held_out: list[Featured]
-    history: list[dict] = field(default_factory=list)
-    before: dict[str, list[int]] = field(default_factory=dict)  # per kind, the initial head
-    steps: int = 0
-    prepare_time: float = 0.0
-    train_time: float = 0.0
-    stop_reason: str = "time"
+    before: dict[str, list[int]]  # per kind, the initial head's agreement counts
+    prepare_time: float
+    loop: LoopResult
 
 
 def featurize(target: LlamaModel, samples: Sequence[Sample], max_context: int | None,
@@ -134,11 +117,6 @@ def agreement(head: EagleHead, items: Sequence[Featured]) -> dict[str, list[int]
     return counts
 
 
-def overall(counts: dict[str, list[int]]) -> float:
-    total = sum(c[1] for c in counts.values())
-    return sum(c[0] for c in counts.values()) / total if total else 0.0
-
-
 def new_head(target: LlamaModel, head_ids: torch.Tensor | None) -> EagleHead:
     """fc starts as 'take the feature half' plus a small embedding share; the layer and the
     final norm start as copies of the target's last layer and final norm."""
@@ -154,14 +132,28 @@ def new_head(target: LlamaModel, head_ids: torch.Tensor | None) -> EagleHead:
     return head
 
 
+def _step_loss(head: EagleHead, target_head: torch.Tensor, batch: Sequence[Featured],
+               cfg: EagleConfig) -> torch.Tensor:
+    pred, true = head_outputs(head, batch, cfg.feature_noise)
+    with torch.no_grad():
+        log_p = (true @ target_head.T).float().log_softmax(dim=-1)
+    log_q = head.compute_logits(pred).log_softmax(dim=-1)
+    loss = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+    return loss + cfg.feature_loss * F.smooth_l1_loss(pred.float(), true.float())
+
+
 def train_eagle(target: LlamaModel, train: Sequence[Sample], held: Sequence[Sample],
-                cfg: EagleConfig) -> EagleResult:
+                cfg: EagleConfig, teacher: LlamaModel | None = None) -> EagleResult:
+    """Train a head for `target`; `teacher` (default: target) computes the features once: pass
+    the target as it is served (bf16), whose features the head reads in serving."""
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     target.requires_grad_(False)
     t0 = time.perf_counter()
-    train_items = featurize(target, train, cfg.max_context)
-    held_out = featurize(target, held, cfg.max_context)
+    teacher = teacher if teacher is not None else target
+    train_items = featurize(teacher, train, cfg.max_context)
+    held_out = featurize(teacher, held, cfg.max_context)
+    teacher = None  # its features are cached: free it before training allocates
     reply_rows = torch.cat([it.features[it.start:len(it.token_ids) - 1] for it in train_items])
     if len(reply_rows) > cfg.head_mass_positions:
         keep = sorted(rng.sample(range(len(reply_rows)), cfg.head_mass_positions))
@@ -171,75 +163,24 @@ def train_eagle(target: LlamaModel, train: Sequence[Sample], held: Sequence[Samp
     target_head = target.lm_head.weight.detach()
     if head_ids is not None:
         target_head = target_head[head_ids]
-    result = EagleResult(head, held_out, prepare_time=time.perf_counter() - t0)
-
-    params = [p for p in head.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / max(cfg.warmup_steps, 1)))
-    batches = list(length_batches(train_items, cfg.batch_tokens))
-    order: list[list[int]] = []
-    budget = cfg.minutes * 60
-    start = time.perf_counter()
-    deadline = start + budget
-    losses: list[float] = []
+    prepare_time = time.perf_counter() - t0
+    before: dict[str, list[int]] = {}
 
     def evaluate(step: int) -> float:
-        t = time.perf_counter()
         head.eval()
         counts = agreement(head, held_out)
-        if step == 0:
-            result.before = counts
-        acc = overall(counts)
+        if step == 0:  # the untrained head
+            before.update(counts)
         head.train()
-        mean = sum(losses) / len(losses) if losses else None
-        result.history.append({"step": step, "time": round(t - start, 3), "loss": mean,
-                               "held_out_agreement": acc})
-        losses.clear()
-        return time.perf_counter() - t
+        return overall(counts)
 
-    with TrainProgress(budget, cfg.show_progress) as progress:
-        eval_cost = evaluate(0)
-        progress.update(start, 0, None, result.history[-1]["held_out_agreement"])
-        step_cost, step = 0.0, 0
-        while True:
-            if cfg.max_steps is not None and step >= cfg.max_steps:
-                result.stop_reason = "max_steps"
-                break
-            if time.perf_counter() + step_cost + eval_cost > deadline:
-                break
-            t = time.perf_counter()
-            if not order:
-                order = batches[:]
-                rng.shuffle(order)
-            batch = [train_items[i] for i in order.pop()]
-            pred, true = head_outputs(head, batch, cfg.feature_noise)
-            with torch.no_grad():
-                log_p = (true @ target_head.T).float().log_softmax(dim=-1)
-            log_q = head.compute_logits(pred).log_softmax(dim=-1)
-            loss = F.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
-            loss = loss + cfg.feature_loss * F.smooth_l1_loss(pred, true)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            step += 1
-            losses.append(float(loss.detach()))
-            step_cost = time.perf_counter() - t
-            if step % cfg.eval_every == 0:
-                eval_cost = evaluate(step)
-            last = result.history[-1]
-            progress.update(start, step, losses[-1] if losses else last["loss"],
-                            last["held_out_agreement"])
-        if result.history[-1]["step"] != step:
-            evaluate(step)
-        progress.update(start, step, result.history[-1]["loss"],
-                        result.history[-1]["held_out_agreement"])
-    result.steps = step
-    result.train_time = time.perf_counter() - start
+    params = [p for p in head.parameters() if p.requires_grad]
+    loop = train_within_budget(
+        params, list(length_batches(train_items, cfg.batch_tokens)),
+        lambda idx: _step_loss(head, target_head, [train_items[i] for i in idx], cfg),
+        evaluate, cfg, rng)
     head.eval()
-    return result
+    return EagleResult(head, held_out, before, prepare_time, loop)
 
 
 def eagle_report(before: dict[str, list[int]], after: dict[str, list[int]]) -> list[dict]:

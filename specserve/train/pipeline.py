@@ -11,14 +11,20 @@ from pathlib import Path
 
 import torch
 
-from specserve.models.llama import build_model
+from specserve.config import parse_dtype
+from specserve.models.llama import LlamaModel, build_model
 from specserve.models.loader import load_model
 from specserve.spec_decode.eagle_io import save_eagle
-from specserve.train.data import DraftData, PromptItem, build_data
+from specserve.train.data import DataConfig, DraftData, PromptItem, build_data
 from specserve.train.distill import DistillConfig, DistillResult, distill
 from specserve.train.eagle import EagleConfig, EagleResult, agreement, eagle_report, train_eagle
+from specserve.train.loop import autocast
 from specserve.train.report import acceptance_report, format_report
 from specserve.train.save import save_draft
+
+# Bumped when the training recipe changes enough that cached drafts should be retrained:
+# 2 = several replies per training prompt, bf16 teacher and autocast (session 3).
+RECIPE = 2
 
 
 @dataclass(slots=True)
@@ -29,52 +35,70 @@ class TrainOutcome:
     report: dict
 
 
-def generate_data(target: str | None, items: Sequence[PromptItem], max_reply_tokens: int,
-                  seed: int, dtype: str, num_threads: int | None) -> DraftData:
-    """The target's greedy replies, from the engine as it serves them (same dtype)."""
+def generate_data(target: str | None, items: Sequence[PromptItem], data_cfg: DataConfig,
+                  seed: int, num_threads: int | None) -> DraftData:
+    """The target's replies, from the engine as it serves them (same dtype)."""
     from specserve.llm import LLM
 
-    llm = LLM(target, dtype=dtype, seed=seed, num_threads=num_threads)
+    llm = LLM(target, dtype=data_cfg.dtype, seed=seed, num_threads=num_threads)
     try:
-        return build_data(llm, items, max_reply_tokens, seed)
+        return build_data(llm, items, data_cfg, seed)
     finally:
         del llm
         gc.collect()  # the engine's KV pool is gone before training allocates
 
 
-def train_draft(target: str | None, items: Sequence[PromptItem], out: str | Path,
-                cfg: DistillConfig, max_reply_tokens: int = 128, dtype: str = "bfloat16",
-                num_threads: int | None = None, source: str = "") -> TrainOutcome:
-    t0 = time.perf_counter()
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    data = generate_data(target, items, max_reply_tokens, cfg.seed, dtype, num_threads)
-    # Training runs in fp32 on the target's weights as loaded (dequantized for a GGUF).
-    loaded = load_model(target)
-    model = build_model(loaded.config, loaded.state_dict, torch.float32)
-    result = distill(model, data, cfg)
-    acceptance = acceptance_report(model, result.draft, result.held_out)
-    report = {
-        "method": "draft",
+def _teacher(loaded, model: LlamaModel, dtype: str) -> LlamaModel:
+    """The target in the dtype it is served in: its hidden states are what the draft learns
+    from (and, for EAGLE, what the head reads in serving). The fp32 `model` when that is it."""
+    served = parse_dtype(dtype)
+    if served == torch.float32:
+        return model
+    return build_model(loaded.config, loaded.state_dict, served).requires_grad_(False)
+
+
+def _report(method: str, loaded, cfg, data_cfg: DataConfig, data: DraftData,
+            result: DistillResult | EagleResult, head_size: int, acceptance: list[dict],
+            source: str, t0: float) -> dict:
+    loop = result.loop
+    return {
+        "method": method,
         "target": loaded.name,
         "target_path": loaded.path,
         "source": source,
-        "settings": dataclasses.asdict(cfg) | {"max_reply_tokens": max_reply_tokens,
-                                               "generation_dtype": dtype},
-        "head_vocab_size": result.draft.head_size,
+        "recipe": RECIPE,
+        "settings": dataclasses.asdict(cfg) | dataclasses.asdict(data_cfg),
+        "head_vocab_size": head_size,
         "train_samples": len(data.train),
         "held_out_samples": len(data.held_out),
         "train_positions": sum(s.reply_len for s in data.train),
         "held_out_positions": sum(it.num_positions for it in result.held_out),
-        "steps": result.steps,
-        "stop_reason": result.stop_reason,
-        "evaluations": result.history,
+        "steps": loop.steps,
+        "stop_reason": loop.stop_reason,
+        "evaluations": loop.history,
         "acceptance": acceptance,
         "time_s": {"generation": round(data.generation_time, 3),
                    "prepare": round(result.prepare_time, 3),
-                   "train": round(result.train_time, 3),
+                   "train": round(loop.train_time, 3),
                    "total": round(time.perf_counter() - t0, 3)},
     }
+
+
+def train_draft(target: str | None, items: Sequence[PromptItem], out: str | Path,
+                cfg: DistillConfig, data_cfg: DataConfig | None = None,
+                num_threads: int | None = None, source: str = "") -> TrainOutcome:
+    t0 = time.perf_counter()
+    data_cfg = data_cfg or DataConfig()
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    data = generate_data(target, items, data_cfg, cfg.seed, num_threads)
+    loaded = load_model(target)
+    model = build_model(loaded.config, loaded.state_dict, torch.float32)  # the draft's source
+    result = distill(model, data, cfg, _teacher(loaded, model, data_cfg.dtype))
+    with autocast(cfg):
+        acceptance = acceptance_report(model, result.draft, result.held_out)
+    report = _report("draft", loaded, cfg, data_cfg, data, result, result.draft.head_size,
+                     acceptance, source, t0)
     path = save_draft(out, result.draft, loaded.name, model.embed_tokens.weight,
                       loaded.tokenizer, report)
     return TrainOutcome(path, result, acceptance, report)
@@ -97,37 +121,21 @@ def summary(outcome: TrainOutcome) -> str:
 
 
 def train_eagle_head(target: str | None, items: Sequence[PromptItem], out: str | Path,
-                     cfg: EagleConfig, max_reply_tokens: int = 128, dtype: str = "bfloat16",
+                     cfg: EagleConfig, data_cfg: DataConfig | None = None,
                      num_threads: int | None = None, source: str = "") -> TrainOutcome:
     t0 = time.perf_counter()
+    data_cfg = data_cfg or DataConfig()
     if num_threads:
         torch.set_num_threads(num_threads)
-    data = generate_data(target, items, max_reply_tokens, cfg.seed, dtype, num_threads)
+    data = generate_data(target, items, data_cfg, cfg.seed, num_threads)
     loaded = load_model(target)
-    model = build_model(loaded.config, loaded.state_dict, torch.float32)
-    result = train_eagle(model, data.train, data.held_out, cfg)
-    acceptance = eagle_report(result.before, agreement(result.head, result.held_out))
-    report = {
-        "method": "eagle",
-        "target": loaded.name,
-        "target_path": loaded.path,
-        "source": source,
-        "settings": dataclasses.asdict(cfg) | {"max_reply_tokens": max_reply_tokens,
-                                               "generation_dtype": dtype},
-        "head_vocab_size": result.head.head_size,
-        "train_samples": len(data.train),
-        "held_out_samples": len(data.held_out),
-        "train_positions": sum(s.reply_len for s in data.train),
-        "held_out_positions": sum(it.num_positions for it in result.held_out),
-        "steps": result.steps,
-        "stop_reason": result.stop_reason,
-        "evaluations": result.history,
-        "acceptance": acceptance,
-        "acceptance_note": "teacher-forced first-guess agreement (target features as input)",
-        "time_s": {"generation": round(data.generation_time, 3),
-                   "prepare": round(result.prepare_time, 3),
-                   "train": round(result.train_time, 3),
-                   "total": round(time.perf_counter() - t0, 3)},
-    }
+    model = build_model(loaded.config, loaded.state_dict, torch.float32)  # the draft's source
+    result = train_eagle(model, data.train, data.held_out, cfg,
+                         _teacher(loaded, model, data_cfg.dtype))
+    with torch.no_grad(), autocast(cfg):
+        acceptance = eagle_report(result.before, agreement(result.head, result.held_out))
+    report = _report("eagle", loaded, cfg, data_cfg, data, result, result.head.head_size,
+                     acceptance, source, t0)
+    report["acceptance_note"] = "teacher-forced first-guess agreement (target features as input)"
     path = save_eagle(out, result.head, loaded.name, loaded.tokenizer, report)
     return TrainOutcome(path, result, acceptance, report)
