@@ -166,7 +166,7 @@ def _add_lab(bench) -> None:
     _common_engine_args(p)
     p.add_argument("--quick", action="store_true",
                    help="prose, json, rag at concurrency 1 and 16, outputs capped at 48 tokens "
-                        "(under 10 minutes on 2 cores)")
+                        "(11 minutes on 2 cores with trained drafts cached)")
     p.add_argument("--workloads", default=None, help="comma-separated (default: the preset's)")
     p.add_argument("--strategies", default=None,
                    help="comma-separated: vanilla, draft-static, ngram-static, adaptive-ngram, "
