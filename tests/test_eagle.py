@@ -10,7 +10,12 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_train_draft import _items, _mixed_batch
+from test_train_draft import (
+    _items,
+    _mixed_batch,
+    assert_budget_respected,
+    assert_training_raised_agreement,
+)
 from tiny_models import VOCAB, make_tiny_model
 
 from specserve import LLM, SamplingParams
@@ -44,13 +49,8 @@ def _spec(target, path, **kw) -> LLM:
 
 def test_training_raises_held_out_agreement_within_budget(trained):
     _, outcome = trained
-    evals = outcome.report["evaluations"]
-    assert evals[0]["step"] == 0 and evals[-1]["step"] == outcome.result.loop.steps > 0
-    assert evals[-1]["held_out_agreement"] >= evals[0]["held_out_agreement"] + 0.05
-    every = outcome.report["acceptance"][-1]
-    assert every["kind"] == "all" and every["after"] > every["before"]
-    assert outcome.result.loop.stop_reason == "time"
-    assert 0.5 * BUDGET_S < outcome.result.loop.train_time < 2 * BUDGET_S
+    assert_training_raised_agreement(outcome)
+    assert_budget_respected(outcome.result.loop, BUDGET_S)
 
 
 def test_bf16_teacher_without_autocast(tmp_path):

@@ -80,20 +80,29 @@ def test_dense_forward_matches_the_engine(tmp_path):
                                    atol=1e-4, rtol=1e-4)
 
 
-def test_training_raises_held_out_agreement(trained):
-    _, outcome = trained
+def assert_training_raised_agreement(outcome) -> None:
+    """Evaluated at step 0 and at the last step; held-out agreement rose by >= 5 points, and
+    the report's "all" row says so too. (Shared with test_eagle.py.)"""
     evals = outcome.report["evaluations"]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == outcome.result.loop.steps > 0
     assert evals[-1]["held_out_agreement"] >= evals[0]["held_out_agreement"] + 0.05
     every = outcome.report["acceptance"][-1]
     assert every["kind"] == "all" and every["after"] > every["before"]
+
+
+def assert_budget_respected(loop, budget_s: float) -> None:
+    assert loop.stop_reason == "time"
+    assert 0.5 * budget_s < loop.train_time < 2 * budget_s
+
+
+def test_training_raises_held_out_agreement(trained):
+    _, outcome = trained
+    assert_training_raised_agreement(outcome)
     assert {r["kind"] for r in outcome.report["acceptance"]} == {"a", "b", "all"}
 
 
 def test_time_budget_is_respected(trained):
-    result = trained[1].result
-    assert result.loop.stop_reason == "time"
-    assert 0.5 * BUDGET_S < result.loop.train_time < 2 * BUDGET_S
+    assert_budget_respected(trained[1].result.loop, BUDGET_S)
 
 
 def test_saved_directory_format(trained):

@@ -21,9 +21,7 @@ import time
 
 import torch
 
-from specserve.config import CacheConfig
-from specserve.engine.block_manager import BlockManager
-from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
+from specserve.engine.model_runner import kv_bytes_per_token
 from specserve.engine.request import Request
 from specserve.layers.linear import pack_linears
 from specserve.models.llama import build_model
@@ -31,30 +29,14 @@ from specserve.models.loader import load_model
 from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.spec_decode.config import SpeculativeConfig
 from specserve.spec_decode.draft_head import draft_tokens, reduced_head
-from specserve.spec_decode.proposer import Proposal, Proposer
+from specserve.spec_decode.model_proposer import ModelProposer, ProposerSeq, stack_probs
+from specserve.spec_decode.proposer import Proposal
 
 
-class DraftSeq:
-    """The draft's view of one request: the request's tokens, the draft's own blocks and
-    progress, and the guesses made in the current proposal."""
+class DraftSeq(ProposerSeq):
+    """The draft's view of one request (model_proposer.ProposerSeq)."""
 
-    def __init__(self, req: Request):
-        self.req = req
-        self.num_computed_tokens = 0
-        self.block_ids: list[int] = []
-        self.block_hashes: list[int] = []
-        self.spec_token_ids: list[int] = []
-        self.generator = None
-        if req.params.seed is not None:  # the draft's own stream, so the target's stays intact
-            self.generator = torch.Generator().manual_seed(req.params.seed ^ 0x5EED)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.req.all_token_ids
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.req.all_token_ids)
+    seed_salt = 0x5EED
 
 
 def check_same_tokenizer(target_tok, draft_tok) -> None:
@@ -66,8 +48,9 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
             "speculative decoding needs the same tokenizer")
 
 
-class DraftModelProposer(Proposer):
+class DraftModelProposer(ModelProposer):
     name = "draft"
+    seq_type = DraftSeq
 
     def __init__(self, spec: SpeculativeConfig, target_model: str | None, target_tokenizer,
                  dtype: torch.dtype, block_size: int, num_threads: int | None = None,
@@ -109,25 +92,6 @@ class DraftModelProposer(Proposer):
         self.block_size = block_size
         self.kv_bytes_per_token = kv_bytes_per_token(cfg, dtype)
         self.kv_cache_memory = spec.kv_cache_memory
-        self.seqs: dict[str, DraftSeq] = {}
-        self.num_forwards = 0
-        self.num_tokens_computed = 0
-        self.time = 0.0
-
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        if self.kv_cache_memory is not None:  # an explicit size for the draft's pool
-            num_blocks = max(self.kv_cache_memory // (self.block_size * self.kv_bytes_per_token),
-                             1)
-        self.runner = ModelRunner(self.model, self.model_config,
-                                  CacheConfig(block_size=self.block_size), num_blocks, self.dtype)
-        self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching=False)
-        self.kv_cache_bytes = self.runner.kv_cache_bytes
-
-    def _seq(self, req: Request) -> DraftSeq:
-        seq = self.seqs.get(req.request_id)
-        if seq is None or seq.req is not req:
-            seq = self.seqs[req.request_id] = DraftSeq(req)
-        return seq
 
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
         t0 = time.perf_counter()
@@ -169,11 +133,7 @@ class DraftModelProposer(Proposer):
                     prob_rows[i].append(probs[j])
             alive = [i for i in alive if len(proposals[i]) < num_tokens[i]]
         self.time += time.perf_counter() - t0
-        probs_out = None
-        if need_probs:
-            rows = [r for per_req in prob_rows for r in per_req]
-            probs_out = torch.stack(rows) if rows else None
-        return Proposal(proposals, probs_out)
+        return Proposal(proposals, stack_probs(prob_rows, need_probs))
 
     def catch_up_tokens(self, req: Request) -> int:
         seq = self.seqs.get(req.request_id)
@@ -187,8 +147,3 @@ class DraftModelProposer(Proposer):
         # the count before the accepted tokens are appended).
         seq.num_computed_tokens = min(seq.num_computed_tokens, req.num_tokens + num_accepted)
         seq.spec_token_ids = []
-
-    def free(self, req: Request) -> None:
-        seq = self.seqs.pop(req.request_id, None)
-        if seq is not None:
-            self.block_manager.free(seq)

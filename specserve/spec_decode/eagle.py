@@ -17,15 +17,14 @@ import time
 
 import torch
 
-from specserve.config import CacheConfig
-from specserve.engine.block_manager import BlockManager
-from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
+from specserve.engine.model_runner import kv_bytes_per_token
 from specserve.engine.request import Request
 from specserve.layers.linear import pack_linears
 from specserve.quant.swap import model_nbytes
 from specserve.spec_decode.draft_head import draft_tokens
 from specserve.spec_decode.eagle_io import load_eagle
-from specserve.spec_decode.proposer import Proposal, Proposer
+from specserve.spec_decode.model_proposer import ModelProposer, ProposerSeq, stack_probs
+from specserve.spec_decode.proposer import Proposal
 
 # Target features kept per request until the head reads them (a long prompt arrives in several
 # prefill chunks; a request may go a long stretch without speculating). Older positions are read
@@ -33,30 +32,18 @@ from specserve.spec_decode.proposer import Proposal, Proposer
 MAX_PENDING_FEATURES = 2048
 
 
-class EagleSeq:
-    """The head's view of one request: the target features not yet consumed, the head's own
-    blocks and progress (positions built from real features), and the current guesses."""
+class EagleSeq(ProposerSeq):
+    """The head's view of one request (model_proposer.ProposerSeq) plus the target features not
+    yet consumed; num_computed_tokens counts head KV positions including this proposal's chain,
+    num_real those built from the target's real features."""
+
+    seed_salt = 0xEA61E
 
     def __init__(self, req: Request):
-        self.req = req
-        self.num_real = 0  # head positions built from the target's real features
-        self.num_computed_tokens = 0  # head KV positions, including this proposal's chain
-        self.block_ids: list[int] = []
-        self.block_hashes: list[int] = []
-        self.spec_token_ids: list[int] = []
+        super().__init__(req)
+        self.num_real = 0
         self.chunks: list[tuple[int, torch.Tensor]] = []  # (first position, [n, hidden])
         self.num_pending = 0  # rows in chunks
-        self.generator = None
-        if req.params.seed is not None:  # the head's own stream, so the target's stays intact
-            self.generator = torch.Generator().manual_seed(req.params.seed ^ 0xEA61E)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.req.all_token_ids
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.req.all_token_ids)
 
     def add_features(self, first: int, rows: torch.Tensor) -> None:
         self.chunks.append((first, rows))
@@ -89,47 +76,30 @@ class EagleSeq:
         self.num_pending = sum(len(r) for _, r in self.chunks)
 
 
-class EagleProposer(Proposer):
+class EagleProposer(ModelProposer):
     name = "eagle"
     needs_hidden = True
+    seq_type = EagleSeq
 
     def __init__(self, path: str, target_cfg, embed_tokens, head_weight: torch.Tensor,
                  tokenizer, dtype: torch.dtype, block_size: int,
                  kv_cache_memory: int | None = None):
         super().__init__()
-        self.head = load_eagle(path, target_cfg, embed_tokens, head_weight, dtype, tokenizer)
-        self.model_config = self.head.cfg
-        own = model_nbytes(self.head)  # fc, the layer, and the LM head rows it keeps
-        shared_head = self.head.head_ids is None  # the full LM head is the target's tensor
+        # The EAGLE head: the network whose KV cache the proposer's pool holds.
+        self.model = load_eagle(path, target_cfg, embed_tokens, head_weight, dtype, tokenizer)
+        self.model_config = self.model.cfg
+        own = model_nbytes(self.model)  # fc, the layer, and the LM head rows it keeps
+        shared_head = self.model.head_ids is None  # the full LM head is the target's tensor
         if shared_head:
-            own -= self.head.lm_head.weight.nbytes
-        pack_linears(self.head)
-        if shared_head and not isinstance(self.head.lm_head, torch.nn.Linear):
-            own += self.head.lm_head.weight_nbytes  # packing made the head a copy after all
+            own -= self.model.lm_head.weight.nbytes
+        pack_linears(self.model)
+        if shared_head and not isinstance(self.model.lm_head, torch.nn.Linear):
+            own += self.model.lm_head.weight_nbytes  # packing made the head a copy after all
         self.weight_bytes = own
         self.dtype = dtype
         self.block_size = block_size
         self.kv_bytes_per_token = kv_bytes_per_token(self.model_config, dtype)
         self.kv_cache_memory = kv_cache_memory
-        self.seqs: dict[str, EagleSeq] = {}
-        self.num_forwards = 0
-        self.num_tokens_computed = 0
-        self.time = 0.0
-
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        if self.kv_cache_memory is not None:
-            num_blocks = max(self.kv_cache_memory // (self.block_size * self.kv_bytes_per_token),
-                             1)
-        self.runner = ModelRunner(self.head, self.model_config,
-                                  CacheConfig(block_size=self.block_size), num_blocks, self.dtype)
-        self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching=False)
-        self.kv_cache_bytes = self.runner.kv_cache_bytes
-
-    def _seq(self, req: Request) -> EagleSeq:
-        seq = self.seqs.get(req.request_id)
-        if seq is None or seq.req is not req:
-            seq = self.seqs[req.request_id] = EagleSeq(req)
-        return seq
 
     def on_target_hidden(self, req: Request, first: int, rows: torch.Tensor) -> None:
         if len(rows):  # a copy: a view would keep the whole step's hidden states alive
@@ -169,11 +139,11 @@ class EagleProposer(Proposer):
             features = torch.empty(len(inputs.input_ids), hidden_size, dtype=self.dtype)
             for j, (_, n) in enumerate(batch):
                 features[inputs.query_start[j]:inputs.query_start[j] + n] = feats[j]
-            out = self.head(inputs.input_ids, inputs.positions, self.runner.kv_caches,
+            out = self.model(inputs.input_ids, inputs.positions, self.runner.kv_caches,
                             inputs.meta, features)
             last = torch.tensor([inputs.query_start[j] + n - 1 for j, (_, n) in enumerate(batch)])
             out = out.index_select(0, last)  # [len(batch), hidden]
-            logits = self.head.compute_logits(out)
+            logits = self.model.compute_logits(out)
             self.num_forwards += 1
             self.num_tokens_computed += sum(n for _, n in batch)
             self.last_forward_tokens.append(sum(n for _, n in batch))
@@ -184,7 +154,7 @@ class EagleProposer(Proposer):
                     seq.drop_features_before(seq.num_real - 1)
             tokens, probs = draft_tokens(logits, [seqs[i].req.params for i in batch_ids],
                                          [seqs[i].generator for i in batch_ids],
-                                         self.head.head_ids, self.model_config.vocab_size,
+                                         self.model.head_ids, self.model_config.vocab_size,
                                          need_probs)
             for j, (i, token) in enumerate(zip(batch_ids, tokens.tolist(), strict=True)):
                 proposals[i].append(token)
@@ -197,11 +167,7 @@ class EagleProposer(Proposer):
         for seq in seqs.values():  # the chain's KV is rebuilt from real features next time
             seq.num_computed_tokens = seq.num_real
         self.time += time.perf_counter() - t0
-        probs_out = None
-        if need_probs:
-            rows = [r for per_req in prob_rows for r in per_req]
-            probs_out = torch.stack(rows) if rows else None
-        return Proposal(proposals, probs_out)
+        return Proposal(proposals, stack_probs(prob_rows, need_probs))
 
     def catch_up_tokens(self, req: Request) -> int:
         seq = self.seqs.get(req.request_id)
@@ -211,8 +177,3 @@ class EagleProposer(Proposer):
         seq = self.seqs.get(req.request_id)
         if seq is not None:
             seq.spec_token_ids = []
-
-    def free(self, req: Request) -> None:
-        seq = self.seqs.pop(req.request_id, None)
-        if seq is not None:
-            self.block_manager.free(seq)

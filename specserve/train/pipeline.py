@@ -48,6 +48,17 @@ def generate_data(target: str | None, items: Sequence[PromptItem], data_cfg: Dat
         gc.collect()  # the engine's KV pool is gone before training allocates
 
 
+def _data_and_target(target: str | None, items: Sequence[PromptItem], data_cfg: DataConfig,
+                     seed: int, num_threads: int | None):
+    """The training data (from the engine, which is gone afterwards), then the target loaded
+    again in fp32: (data, loaded, model), the model being what the draft is built from."""
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    data = generate_data(target, items, data_cfg, seed, num_threads)
+    loaded = load_model(target)
+    return data, loaded, build_model(loaded.config, loaded.state_dict, torch.float32)
+
+
 def _teacher(loaded, model: LlamaModel, dtype: str) -> LlamaModel:
     """The target in the dtype it is served in: its hidden states are what the draft learns
     from (and, for EAGLE, what the head reads in serving). The fp32 `model` when that is it."""
@@ -89,11 +100,7 @@ def train_draft(target: str | None, items: Sequence[PromptItem], out: str | Path
                 num_threads: int | None = None, source: str = "") -> TrainOutcome:
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    data = generate_data(target, items, data_cfg, cfg.seed, num_threads)
-    loaded = load_model(target)
-    model = build_model(loaded.config, loaded.state_dict, torch.float32)  # the draft's source
+    data, loaded, model = _data_and_target(target, items, data_cfg, cfg.seed, num_threads)
     result = distill(model, data, cfg, _teacher(loaded, model, data_cfg.dtype))
     with autocast(cfg):
         acceptance = acceptance_report(model, result.draft, result.held_out)
@@ -125,11 +132,7 @@ def train_eagle_head(target: str | None, items: Sequence[PromptItem], out: str |
                      num_threads: int | None = None, source: str = "") -> TrainOutcome:
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    data = generate_data(target, items, data_cfg, cfg.seed, num_threads)
-    loaded = load_model(target)
-    model = build_model(loaded.config, loaded.state_dict, torch.float32)  # the draft's source
+    data, loaded, model = _data_and_target(target, items, data_cfg, cfg.seed, num_threads)
     result = train_eagle(model, data.train, data.held_out, cfg,
                          _teacher(loaded, model, data_cfg.dtype))
     with torch.no_grad(), autocast(cfg):
