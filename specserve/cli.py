@@ -29,6 +29,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="a local Hugging Face directory or .gguf file (default: the embedded "
                         "SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="bfloat16", help="bfloat16 | float32")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (weights and KV pools)")
     p.add_argument("--quantization", default=None, help="int8 | int4 | gguf | fp8")
     p.add_argument("--kv-cache-memory", type=parse_memory, default=1 << 30,
                    help="KV pool size: bytes ('1GiB') or a fraction of free memory (default 1GiB)")
@@ -46,7 +47,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
-    kw = dict(dtype=args.dtype, quantization=args.quantization,
+    kw = dict(dtype=args.dtype, device=args.device, quantization=args.quantization,
               kv_cache_memory=args.kv_cache_memory, kv_cache_dtype=args.kv_cache_dtype,
               block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
               max_num_seqs=args.max_num_seqs,

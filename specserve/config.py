@@ -84,6 +84,9 @@ class SchedulerConfig:
 class EngineConfig:
     model: str | None = None  # None: the embedded SmolLM2-135M-Instruct GGUF
     dtype: str = "bfloat16"
+    # Where weights and KV pools live: "cpu", "cuda" or "cuda:N". Scheduling, sampling and the
+    # n-gram proposer stay on the host (see docs/performance.md, "The CUDA path").
+    device: str = "cpu"
     quantization: str | None = None
     seed: int = 0
     num_threads: int | None = None
@@ -95,6 +98,12 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         parse_dtype(self.dtype)
+        device = torch.device(self.device)  # raises on a malformed name
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' but torch sees no CUDA device (this torch build: "
+                             f"{torch.__version__})")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -46,7 +46,10 @@ class EngineStats:
 logger = logging.getLogger("specserve")
 
 
-def _available_memory() -> int:
+def _available_memory(device: torch.device) -> int:
+    """Free bytes where the KV pool will live (a fractional kv_cache_memory is a share of it)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
     with open("/proc/meminfo") as f:
         for line in f:
             if line.startswith("MemAvailable:"):
@@ -66,7 +69,8 @@ class LLMEngine:
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
         self.dtype = config.torch_dtype
-        self.model = build_model(cfg, loaded.state_dict, self.dtype)
+        self.device = torch.device(config.device)
+        self.model = build_model(cfg, loaded.state_dict, self.dtype, self.device)
         # The LM head's weight as a plain tensor (an EAGLE head shares it): packing and
         # quantization below replace the module.
         lm_head_weight = self.model.lm_head.weight
@@ -85,7 +89,7 @@ class LLMEngine:
         token_bytes = kv_bytes_per_token(cfg, kv_dtype)
         budget = cache.kv_cache_memory
         if isinstance(budget, float):
-            budget = int(budget * _available_memory())
+            budget = int(budget * _available_memory(self.device))
         if cache.num_blocks is None and budget - draft_weights < cache.block_size * token_bytes:
             raise ValueError(f"kv_cache_memory ({budget / 2**20:.0f} MiB) does not cover the "
                              f"draft model's weights ({draft_weights / 2**20:.0f} MiB) plus one "

@@ -39,14 +39,16 @@ class ModelRunner:
         self.cfg = cfg
         self.block_size = cache_cfg.block_size
         self.dtype = model.embed_tokens.weight.dtype
+        # The pools live with the weights; step metadata is built on the host and moved once.
+        self.device = model.embed_tokens.weight.device
         self.num_blocks = num_blocks
         num_slots = num_blocks * self.block_size
         # One pool per layer, indexed by slot = block_id * block_size + offset.
         self.kv_caches = [LayerKVCache(num_slots, cfg.num_kv_heads, cfg.head_dim, kv_dtype,
-                                       self.dtype) for _ in range(cfg.num_layers)]
-        # Short queries read the pool in place with the fused kernel when it can.
+                                       self.dtype, self.device) for _ in range(cfg.num_layers)]
+        # Short queries read the pool in place with the fused (CPU) kernel when it can.
         self.use_kernel = (kv_dtype == self.dtype and kv_dtype in (torch.bfloat16, torch.float32)
-                           and paged_attention_ext.available())
+                           and self.device.type == "cpu" and paged_attention_ext.available())
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -131,11 +133,27 @@ class ModelRunner:
             groups.append(self._group([scheduled[i] for i in long]))
         meta = AttentionMetadata(slot_mapping=torch.from_numpy(np.concatenate(slot_mapping)),
                                  groups=groups, block_size=bs)
-        return StepInputs(torch.tensor(ids, dtype=torch.long),
-                          torch.from_numpy(np.concatenate(positions)), meta, order, query_start)
+        inputs = StepInputs(torch.tensor(ids, dtype=torch.long),
+                            torch.from_numpy(np.concatenate(positions)), meta, order, query_start)
+        return inputs if self.device.type == "cpu" else self._to_device(inputs)
+
+    def _to_device(self, inputs: StepInputs) -> StepInputs:
+        """Copy a step's tensors to the model's device (one host-to-device copy each)."""
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(self.device, non_blocking=True)
+
+        meta = inputs.meta
+        meta.slot_mapping = move(meta.slot_mapping)
+        for g in meta.groups:
+            g.query_gather, g.query_scatter = move(g.query_gather), move(g.query_scatter)
+            g.kv_gather, g.attn_bias = move(g.kv_gather), move(g.attn_bias)
+        inputs.input_ids, inputs.positions = move(inputs.input_ids), move(inputs.positions)
+        return inputs
 
     def execute(self, inputs: StepInputs, logits_indices: torch.Tensor) -> torch.Tensor:
-        """Run the forward; return hidden states [num_tokens, hidden] and logits of the rows in
-        logits_indices [n, vocab] fp32."""
+        """Run the forward; return hidden states [num_tokens, hidden] (on the model's device) and
+        logits of the rows in logits_indices [n, vocab] fp32 on the host, where sampling runs
+        (per-request seeded generators are host generators)."""
         hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
-        return hidden, self.model.compute_logits(hidden.index_select(0, logits_indices))
+        rows = hidden.index_select(0, logits_indices.to(self.device))
+        return hidden, self.model.compute_logits(rows).cpu()

@@ -41,18 +41,20 @@ def quantize_kv(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torc
 
 class LayerKVCache:
     def __init__(self, num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 compute_dtype: torch.dtype):
+                 compute_dtype: torch.dtype, device: torch.device | str = "cpu"):
         shape = (num_slots, num_kv_heads, head_dim)
         self.dtype = dtype
         self.compute_dtype = compute_dtype
         # fp8 is kept as raw bytes: CPU index_copy_/index_select do not take float8 tensors.
         self.storage_dtype = torch.uint8 if dtype == torch.float8_e4m3fn else dtype
-        self.k = torch.zeros(shape, dtype=self.storage_dtype)
-        self.v = torch.zeros(shape, dtype=self.storage_dtype)
+        self.k = torch.zeros(shape, dtype=self.storage_dtype, device=device)
+        self.v = torch.zeros(shape, dtype=self.storage_dtype, device=device)
         self.quantized = dtype in _QMAX
         if self.quantized:
-            self.k_scale = torch.zeros(num_slots, num_kv_heads, 1, dtype=torch.bfloat16)
-            self.v_scale = torch.zeros(num_slots, num_kv_heads, 1, dtype=torch.bfloat16)
+            self.k_scale = torch.zeros(num_slots, num_kv_heads, 1, dtype=torch.bfloat16,
+                                       device=device)
+            self.v_scale = torch.zeros(num_slots, num_kv_heads, 1, dtype=torch.bfloat16,
+                                       device=device)
 
     @property
     def nbytes(self) -> int:

@@ -35,7 +35,8 @@ def pack_linears(model: nn.Module) -> int:
     Returns the bytes added (a tied LM head gets its own packed copy)."""
     added = 0
     for name, module in list(model.named_modules()):
-        if type(module) is not nn.Linear or not can_pack(module.weight.dtype):
+        if (type(module) is not nn.Linear or module.weight.device.type != "cpu"
+                or not can_pack(module.weight.dtype)):  # oneDNN packing is for the CPU
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

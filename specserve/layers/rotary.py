@@ -6,13 +6,14 @@ import torch
 
 
 class RotaryEmbedding:
-    def __init__(self, head_dim: int, max_position: int, theta: float, dtype: torch.dtype):
+    def __init__(self, head_dim: int, max_position: int, theta: float, dtype: torch.dtype,
+                 device: torch.device | str | None = None):
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_position, head_dim]
         # Computed in fp32 and rounded once to the model dtype, as transformers does.
-        self.cos = emb.cos().to(dtype)
-        self.sin = emb.sin().to(dtype)
+        self.cos = emb.cos().to(device=device, dtype=dtype)
+        self.sin = emb.sin().to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Once per step: [num_tokens, 1, head_dim] cos and sin, shared by every layer."""

@@ -103,11 +103,11 @@ class LlamaModel(nn.Module):
 
 
 def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
-                dtype: torch.dtype) -> LlamaModel:
+                dtype: torch.dtype, device: torch.device | str = "cpu") -> LlamaModel:
     with torch.device("meta"):
         model = LlamaModel(cfg, dtype)
-    model = model.to_empty(device="cpu")
-    model.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, dtype)
+    model = model.to_empty(device=device)
+    model.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, dtype, device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     missing, unexpected = model.load_state_dict(

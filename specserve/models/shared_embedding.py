@@ -31,7 +31,8 @@ def draft_embedding(path: Path, meta: dict, embedding: torch.Tensor | None) -> t
     probe = meta.get("target_embedding_probe")
     if probe is not None:
         # bf16 rounding of the same weights stays far inside this tolerance; other weights do not.
-        seen = embedding.detach()[torch.tensor(probe["rows"]), : len(probe["values"][0])].float()
+        rows = embedding.detach()[torch.tensor(probe["rows"]), : len(probe["values"][0])]
+        seen = rows.float().cpu()
         want_v = torch.tensor(probe["values"])
         if not torch.allclose(seen, want_v, rtol=2e-2, atol=1e-2 * float(want_v.abs().max())):
             raise ValueError(f"{path} was trained for a different target ({target}): the "

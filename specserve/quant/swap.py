@@ -114,7 +114,7 @@ def apply_quantization(model: nn.Module, method: str | None,
     if not rows:
         raise ValueError("quantization='gguf' runs a GGUF file's own Q4_1 weights: load a .gguf "
                          "model with Q4_1 tensors (the embedded model has them)")
-    return replace_with_gguf(model, rows)
+    return replace_with_gguf(model, rows, device=next(model.parameters()).device)
 
 
 def model_nbytes(model: nn.Module) -> int:

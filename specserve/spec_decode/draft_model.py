@@ -54,7 +54,8 @@ class DraftModelProposer(ModelProposer):
 
     def __init__(self, spec: SpeculativeConfig, target_model: str | None, target_tokenizer,
                  dtype: torch.dtype, block_size: int, num_threads: int | None = None,
-                 target_embedding: torch.Tensor | None = None):
+                 target_embedding: torch.Tensor | None = None,
+                 device: torch.device | str = "cpu"):
         super().__init__()
         loaded = load_model(spec.model if spec.model is not None else target_model,
                             shared_embedding=target_embedding)
@@ -73,11 +74,12 @@ class DraftModelProposer(ModelProposer):
             # Build with a (tied) full head, then swap in the reduced one.
             sd = dict(sd)
             head = sd.pop("lm_head.weight").to(dtype)
-            self.model = build_model(dataclasses.replace(cfg, tie_word_embeddings=True), sd, dtype)
-            self.model.lm_head = reduced_head(head)
+            self.model = build_model(dataclasses.replace(cfg, tie_word_embeddings=True), sd, dtype,
+                                     device)
+            self.model.lm_head = reduced_head(head.to(device))
             self.head_ids = torch.tensor(loaded.head_token_ids, dtype=torch.long)
         else:
-            self.model = build_model(cfg, sd, dtype)
+            self.model = build_model(cfg, sd, dtype, device)
         shared = 0
         if loaded.shares_embedding and target_embedding.dtype == dtype:
             # One embedding in memory for both models, not a copy per model.

@@ -60,10 +60,11 @@ class EagleSeq(ProposerSeq):
             self.num_pending -= cut
             excess -= cut
 
-    def features(self, first: int, n: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+    def features(self, first: int, n: int, hidden: int, dtype: torch.dtype,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
         """Target features at positions first .. first + n - 1 (zeros where none was kept; a
         negative position is the zero feature of head position 0)."""
-        out = torch.zeros(n, hidden, dtype=dtype)
+        out = torch.zeros(n, hidden, dtype=dtype, device=device)
         for start, rows in self.chunks:
             lo, hi = max(start, first), min(start + len(rows), first + n)
             if lo < hi:
@@ -130,20 +131,22 @@ class EagleProposer(ModelProposer):
                 batch.append((seq, n))
                 batch_ids.append(i)
                 if first_forward:  # catch up: position j reads the target's feature j - 1
-                    feats.append(seq.features(seq.num_real - 1, n, hidden_size, self.dtype))
+                    feats.append(seq.features(seq.num_real - 1, n, hidden_size, self.dtype,
+                                              self.runner.device))
                 else:
                     feats.append(prev[i])
             if not batch:
                 break
             inputs = self.runner.prepare(batch)
-            features = torch.empty(len(inputs.input_ids), hidden_size, dtype=self.dtype)
+            features = torch.empty(len(inputs.input_ids), hidden_size, dtype=self.dtype,
+                                   device=self.runner.device)
             for j, (_, n) in enumerate(batch):
                 features[inputs.query_start[j]:inputs.query_start[j] + n] = feats[j]
             out = self.model(inputs.input_ids, inputs.positions, self.runner.kv_caches,
                             inputs.meta, features)
             last = torch.tensor([inputs.query_start[j] + n - 1 for j, (_, n) in enumerate(batch)])
-            out = out.index_select(0, last)  # [len(batch), hidden]
-            logits = self.model.compute_logits(out)
+            out = out.index_select(0, last.to(out.device))  # [len(batch), hidden]
+            logits = self.model.compute_logits(out).cpu()  # sampled on the host
             self.num_forwards += 1
             self.num_tokens_computed += sum(n for _, n in batch)
             self.last_forward_tokens.append(sum(n for _, n in batch))

@@ -47,7 +47,7 @@ class EagleHead(nn.Module):
         self.lm_head = nn.Linear(h, rows.shape[0], bias=False, dtype=dtype)
         self.lm_head.weight = nn.Parameter(rows.detach().to(dtype), requires_grad=False)
         self.rotary = RotaryEmbedding(self.cfg.head_dim, self.cfg.max_position,
-                                      self.cfg.rope_theta, dtype)
+                                      self.cfg.rope_theta, dtype, head_weight.device)
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -69,7 +69,8 @@ class EagleHead(nn.Module):
         previous features [num_tokens, hidden] (None: zeros, as the start-up profile runs it).
         Returns the predicted features [num_tokens, hidden]."""
         if features is None:
-            features = torch.zeros(len(input_ids), self.cfg.hidden_size, dtype=self.dtype)
+            features = torch.zeros(len(input_ids), self.cfg.hidden_size, dtype=self.dtype,
+                                   device=input_ids.device)
         x = self.fuse(input_ids, features)
         cos, sin = self.rotary.lookup(positions)
         return self.norm(self.layers[0](x, cos, sin, kv_caches[0], meta))

@@ -86,4 +86,4 @@ def load_eagle(path: str | Path, cfg: ModelConfig, embed_tokens: torch.nn.Embedd
     if missing or unexpected:
         raise ValueError(f"{path}: weights do not fit an EAGLE head: missing {missing}, "
                          f"unexpected {unexpected}")
-    return head.eval()
+    return head.to(head_weight.device).eval()  # beside the target's embedding and LM head

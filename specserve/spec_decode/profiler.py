@@ -40,6 +40,10 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
                                spec_token_ids=[], block_ids=[(first + b) % runner.num_blocks
                                                              for b in range(per_seq)])
 
+    # One forward of the largest point first: allocator, kernel selection and (on a GPU) clocks
+    # that idle low would otherwise inflate the first points and flatten the whole curve.
+    runner.execute(runner.prepare([(seq(i), 1) for i in range(max(points))]),
+                   torch.arange(max(points)))
     times = []
     for n in points:  # ascending, each point's runs back to back: a forward right after a much
         inputs = runner.prepare([(seq(i), 1) for i in range(n)])  # bigger one runs ~20% slow
