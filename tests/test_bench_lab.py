@@ -234,3 +234,54 @@ def test_lab_finds_cached_drafts_and_trains_only_with_a_budget(tmp_path, monkeyp
         assert trained_draft(None, method, minutes=0) == path
         assert "older recipe" in caplog.text
     assert cached_path(None, "draft") != cached_path(None, "eagle")
+
+
+def _square(x: int, progress) -> tuple[int, int]:
+    import os
+
+    progress("squaring", 1)
+    return x * x, os.getpid()
+
+
+def _fail(progress) -> None:
+    raise ValueError("boom in the child")
+
+
+def test_isolated_runs_forward_progress_results_and_errors():
+    import os
+
+    from specserve.bench.isolate import run_isolated
+
+    seen = []
+    value, pid = run_isolated(_square, (7,), lambda desc, n: seen.append((desc, n)))
+    assert value == 49 and pid != os.getpid()
+    assert seen == [("squaring", 1)]
+    with pytest.raises(RuntimeError, match="ValueError: boom in the child"):
+        run_isolated(_fail, (), lambda desc, n: None)
+
+
+def test_repetitions_rebuild_every_strategy_in_rotated_order(monkeypatch):
+    import specserve.bench.lab as lab_mod
+    from specserve.bench.lab import LabRun
+
+    built = []
+
+    def fake(strategy, preset, common, model, progress):
+        built.append(strategy.name)
+        assert preset.repeats == 1  # one repetition per build
+        if strategy.name == "broken":
+            return LabRun(strategies=[{"name": "broken", "status": "skipped"}])
+        point = {"strategy": strategy.name, "workload": "json", "concurrency": 1,
+                 "runs": [{"build": len(built)}]}
+        return LabRun(strategies=[{"name": strategy.name, "status": "ok"}], points=[point])
+
+    monkeypatch.setattr(lab_mod, "strategy_lab", fake)
+    names = ("a", "b", "broken")
+    lab = run_lab([Strategy(n, {}) for n in names],
+                  Preset("t", ("json",), (1,), num_prompts_override=1, repeats=3), {},
+                  isolate=False)
+    # Each repetition starts one strategy later; a skipped strategy is not built again.
+    assert built == ["a", "b", "broken", "b", "a", "a", "b"]
+    assert [s["name"] for s in lab.strategies] == ["a", "b", "broken"]
+    runs = {p["strategy"]: [r["build"] for r in p["runs"]] for p in lab.points}
+    assert runs == {"a": [1, 5, 6], "b": [2, 4, 7]}

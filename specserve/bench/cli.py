@@ -28,6 +28,7 @@ def _common_engine_args(p: argparse.ArgumentParser) -> None:
                    help="a local Hugging Face directory or .gguf file (default: the embedded "
                         "SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--kv-cache-memory", type=parse_memory, default=1 << 30,
                    help="each target's KV pool (default 1GiB; rag at concurrency 32 without "
                         "prefix caching needs about 2GiB to avoid preemption)")
@@ -40,7 +41,7 @@ def _common_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def _common_kwargs(args: argparse.Namespace) -> dict:
-    return {"dtype": args.dtype, "kv_cache_memory": args.kv_cache_memory,
+    return {"dtype": args.dtype, "device": args.device, "kv_cache_memory": args.kv_cache_memory,
             "num_threads": args.num_threads, "seed": args.seed}
 
 
@@ -123,7 +124,7 @@ def cmd_lab(args: argparse.Namespace) -> None:
                   f"{', '.join(map(str, preset.concurrency))}, {len(strategies)} strategies; "
                   f"estimated at most {estimate_seconds(preset, strategies) / 60:.1f} min "
                   "on 2 cores")
-    total = len(strategies) * len(preset.workloads) * len(preset.concurrency)
+    total = len(strategies) * len(preset.workloads) * len(preset.concurrency) * preset.repeats
     if args.compare_hf:
         total += baselines.num_baseline_points(preset)
     with _progress() as progress:
@@ -162,11 +163,12 @@ def _trained(model: str | None, method: str, minutes: float, num_threads) -> str
 
 def _add_lab(bench) -> None:
     p = bench.add_parser("lab", help="the article's strategy table: strategies x workloads x "
-                                     "concurrency, in-process, with JSON and PNGs")
+                                     "concurrency, each strategy in a fresh process, with JSON "
+                                     "and PNGs")
     _common_engine_args(p)
     p.add_argument("--quick", action="store_true",
-                   help="prose, json, rag at concurrency 1 and 16, outputs capped at 48 tokens "
-                        "(11 minutes on 2 cores with trained drafts cached)")
+                   help="prose, json, sql at concurrency 1 and 16, outputs capped at 48 tokens "
+                        "(see the README for its measured time)")
     p.add_argument("--workloads", default=None, help="comma-separated (default: the preset's)")
     p.add_argument("--strategies", default=None,
                    help="comma-separated: vanilla, draft-static, ngram-static, adaptive-ngram, "
@@ -174,7 +176,8 @@ def _add_lab(bench) -> None:
                         "cache+quant (default: all)")
     p.add_argument("--concurrency", default=None, help="e.g. 1,32 (default: the preset's)")
     p.add_argument("--repeats", type=int, default=None,
-                   help="repetitions per point; figures become median [min-max]")
+                   help="repetitions: each builds every strategy again in a fresh process, in "
+                        "a rotated order; figures become median [min-max]")
     p.add_argument("--num-prompts", type=int, default=None,
                    help="prompts per point (default: max(2 x concurrency, 8))")
     p.add_argument("--max-tokens", type=int, default=None, help="cap each item's max_tokens")

@@ -1,20 +1,22 @@
 """`specserve bench lab`: the article's strategy table, measured on our engine.
 
-Each strategy (a name plus engine kwargs) is built once and runs every workload at every
-concurrency as a *closed loop*: exactly `concurrency` requests are in flight, and as soon as one
-finishes the next one joins the running batch (continuous batching, not waves). Decoding is
-greedy; each request's `max_tokens` comes from its workload item, capped by the preset.
+Each strategy (a name plus engine kwargs) is built in a fresh process (bench/isolate.py says
+why) and runs every workload at every concurrency as a *closed loop*: exactly `concurrency`
+requests are in flight, and as soon as one finishes the next one joins the running batch
+(continuous batching, not waves). Decoding is greedy; each request's `max_tokens` comes from its
+workload item, capped by the preset. With `repeats`, every repetition builds every strategy
+again, in an order rotated by one each time, so that no strategy always runs first or last.
 
 Presets (run times from `estimate_seconds`: an upper bound on 2 CPU cores in bf16, assuming
 prefill ~1000 tok/s and decode ~50 tok/s at batch 1 growing to ~700 tok/s at batch 32, every
-request running to its max_tokens; requests that stop at EOS end sooner):
+request running to its max_tokens; requests that stop at EOS end sooner; measured times are in
+the README):
 
-- `quick`: prose, json, rag at concurrency 1 and 16, 8 prompts at 1 and 16 at 16, outputs capped
-  at 48 tokens, the 6 built-in strategies: at most ~9 minutes. Most of it is rag's 2.5k-token
-  prompts, which every strategy without prefix caching prefills in full (`--workloads
-  prose,json,sql` takes ~4 minutes).
+- `quick`: prose, json, sql at concurrency 1 and 16, 8 prompts at 1 and 16 at 16, outputs capped
+  at 48 tokens. rag is left out: its 2.5k-token prompts, prefilled in full by every strategy
+  without prefix caching, took 7 of session 3's 11 quick minutes (`--workloads` adds it back).
 - `full`: all 5 workloads at concurrency 1, 8 and 32, max(2 x concurrency, 8) prompts per point,
-  the items' own max_tokens: at most ~36 minutes per repetition (`--repeats 3`: ~1 h 45).
+  the items' own max_tokens.
 
 Speculative strategies run with prefix caching off, like `vanilla`, so that speculation is the
 only difference from the baseline; `cache+quant` is the one with prefix caching on.
@@ -28,6 +30,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
+from specserve.bench.isolate import run_isolated
 from specserve.bench.offline import percentile
 from specserve.bench.workloads import WORKLOAD_NAMES, WorkloadItem, load_workload
 from specserve.engine.llm_engine import LLMEngine
@@ -268,7 +271,7 @@ class Preset:
 
 
 PRESETS = {
-    "quick": Preset("quick", ("prose", "json", "rag"), (1, 16), prompts_factor=1, min_prompts=8,
+    "quick": Preset("quick", ("prose", "json", "sql"), (1, 16), prompts_factor=1, min_prompts=8,
                     max_prompts=16, max_tokens_cap=48),
     "full": Preset("full", WORKLOAD_NAMES, (1, 8, 32)),
 }
@@ -278,8 +281,8 @@ def estimate_seconds(preset: Preset, strategies: Sequence[Strategy],
                      prefill_tok_s: float = 1000.0) -> float:
     """A rough upper bound of a lab run on 2 cores (bf16): every request runs to its max_tokens,
     decode throughput is 50*c/(1+c/24) tok/s at batch c, prompts are prefilled cold (with
-    prefix caching, rag's shared document once per point), an engine takes ~6 s to build and
-    the adaptive policy's start-up profile ~6 s more."""
+    prefix caching, rag's shared document once per point), a process and its engine take ~9 s
+    to start and the adaptive policy's start-up profile ~6 s more, every repetition."""
     decode = prefill_cold = prefill_cached = 0.0
     for name in preset.workloads:
         items = load_workload(name)
@@ -296,8 +299,8 @@ def estimate_seconds(preset: Preset, strategies: Sequence[Strategy],
     for s in strategies:
         cached = s.engine_kwargs.get("enable_prefix_caching", True)  # the engine's default
         run = decode + (prefill_cached if cached else prefill_cold)
-        setup = 12.0 if s.engine_kwargs.get("speculation_policy") == "adaptive" else 6.0
-        total += run * preset.repeats + setup
+        setup = 15.0 if s.engine_kwargs.get("speculation_policy") == "adaptive" else 9.0
+        total += (run + setup) * preset.repeats
     return total
 
 
@@ -365,14 +368,56 @@ def run_strategy(strategy: Strategy, preset: Preset, common: dict, model: str | 
     gc.collect()  # free this engine's weights and KV pool before the next one is built
 
 
-def run_lab(strategies: Sequence[Strategy], preset: Preset, common: dict,
-            model: str | None = None, progress: Progress | None = None) -> LabRun:
+def strategy_lab(strategy: Strategy, preset: Preset, common: dict, model: str | None,
+                 progress: Progress) -> LabRun:
+    """One strategy's part of the lab (what a fresh process runs and sends back)."""
     lab = LabRun()
+    run_strategy(strategy, preset, common, model, lab, progress)
+    return lab
+
+
+def run_lab(strategies: Sequence[Strategy], preset: Preset, common: dict,
+            model: str | None = None, progress: Progress | None = None,
+            isolate: bool = True) -> LabRun:
+    """Every strategy x workload x concurrency, `preset.repeats` times. isolate: each strategy
+    of each repetition in a fresh process (False: all in this one, for quick experiments)."""
+    lab = LabRun()
+    progress = progress or (lambda desc, n: None)
     max_c = max(preset.concurrency)
     common = {"max_num_seqs": max(max_c, 128), **common}
-    for s in strategies:
-        run_strategy(s, preset, common, model, lab, progress or (lambda desc, n: None))
+    once = replace(preset, repeats=1)
+    num_points = len(preset.workloads) * len(preset.concurrency)
+    skipped: set[str] = set()
+    for rep in range(preset.repeats):
+        first = rep % len(strategies)
+        for s in [*strategies[first:], *strategies[:first]]:
+            if s.name in skipped:
+                progress(f"{s.name}: skipped", num_points)
+                continue
+            args = (s, once, common, model)
+            part = (run_isolated(strategy_lab, args, progress) if isolate
+                    else strategy_lab(*args, progress))
+            _merge(lab, part, skipped)
     return lab
+
+
+def _merge(lab: LabRun, part: LabRun, skipped: set[str]) -> None:
+    """Add one strategy's repetition: its row the first time, its runs to the points."""
+    (row,) = part.strategies
+    if row["status"] != "ok":
+        skipped.add(row["name"])
+    if all(r["name"] != row["name"] for r in lab.strategies):
+        lab.strategies.append(row)
+    points = {(p["strategy"], p["workload"], p["concurrency"]): p for p in lab.points}
+    for p in part.points:
+        known = points.get((p["strategy"], p["workload"], p["concurrency"]))
+        if known is None:
+            lab.points.append(p)
+        else:
+            known["runs"].extend(p["runs"])
+    for name, wl in part.workloads.items():
+        lab.workloads.setdefault(name, wl)
+    lab.eos_token_ids = lab.eos_token_ids or part.eos_token_ids
 
 
 def with_overrides(preset: Preset, **overrides) -> Preset:
