@@ -43,8 +43,11 @@ def run_isolated(fn: Callable[..., Any], args: tuple, progress: Progress) -> Any
                 kind, *payload = q.get(timeout=1.0)
             except queue.Empty:
                 if not proc.is_alive():
-                    raise RuntimeError("the benchmark process died without a result (exit code "
-                                       f"{proc.exitcode}; out of memory?)") from None
+                    raise RuntimeError(
+                        f"the benchmark process died without a result (exit code {proc.exitcode}"
+                        "; its output is above). A script that runs the lab must guard its top "
+                        "level with `if __name__ == '__main__':` (the process is spawned)"
+                    ) from None
                 continue
             if kind == "progress":
                 progress(*payload)
