@@ -1,11 +1,21 @@
+"""`specserve serve` with uvicorn's HTTP stack forced: IMPL is h11 (with asyncio) or httptools
+(with uvloop; `pip install uvloop httptools`). Usage: serve_impl.py IMPL [serve flags...]"""
+
 import sys
+
 import uvicorn
-impl = sys.argv.pop(1)
-orig = uvicorn.Config.__init__
-def init(self, *a, **k):
-    k.setdefault("http", impl)
-    k.setdefault("loop", "asyncio" if impl == "h11" else "uvloop")
-    orig(self, *a, **k)
-uvicorn.Config.__init__ = init
+
 from specserve.server.api_server import main
+
+IMPL = sys.argv.pop(1)
+_init = uvicorn.Config.__init__
+
+
+def _config_init(self, *args, **kwargs):
+    kwargs.setdefault("http", IMPL)
+    kwargs.setdefault("loop", "asyncio" if IMPL == "h11" else "uvloop")
+    _init(self, *args, **kwargs)
+
+
+uvicorn.Config.__init__ = _config_init
 main(sys.argv[1:])
