@@ -15,8 +15,10 @@ the README):
 - `quick`: prose, json, sql at concurrency 1 and 16, 8 prompts at 1 and 16 at 16, outputs capped
   at 48 tokens. rag is left out: its 2.5k-token prompts, prefilled in full by every strategy
   without prefix caching, took 7 of session 3's 11 quick minutes (`--workloads` adds it back).
-- `full`: all 5 workloads at concurrency 1, 8 and 32, max(2 x concurrency, 8) prompts per point,
-  the items' own max_tokens.
+- `full`: all 5 workloads at concurrency 1 and 32 (the seed's two columns; `bench sweep` draws
+  the curve in between), max(2 x concurrency, 8) prompts per point, outputs capped at 64 tokens.
+  Measured in session 4 in two parts: 8 min per repetition of prose, json, sql and chat-1, and
+  33 min for rag alone.
 
 Speculative strategies run with prefix caching off, like `vanilla`, so that speculation is the
 only difference from the baseline; `cache+quant` is the one with prefix caching on.
@@ -273,7 +275,7 @@ class Preset:
 PRESETS = {
     "quick": Preset("quick", ("prose", "json", "sql"), (1, 16), prompts_factor=1, min_prompts=8,
                     max_prompts=16, max_tokens_cap=48),
-    "full": Preset("full", WORKLOAD_NAMES, (1, 8, 32)),
+    "full": Preset("full", WORKLOAD_NAMES, (1, 32), max_tokens_cap=64),
 }
 
 
