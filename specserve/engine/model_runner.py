@@ -150,10 +150,13 @@ class ModelRunner:
         inputs.input_ids, inputs.positions = move(inputs.input_ids), move(inputs.positions)
         return inputs
 
-    def execute(self, inputs: StepInputs, logits_indices: torch.Tensor) -> torch.Tensor:
+    def execute(self, inputs: StepInputs, logits_indices: torch.Tensor,
+                *model_inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the forward; return hidden states [num_tokens, hidden] (on the model's device) and
         logits of the rows in logits_indices [n, vocab] fp32 on the host, where sampling runs
-        (per-request seeded generators are host generators)."""
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta)
+        (per-request seeded generators are host generators). model_inputs: what the model takes
+        after the metadata (an EAGLE head's features)."""
+        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
+                            *model_inputs)
         rows = hidden.index_select(0, logits_indices.to(self.device))
         return hidden, self.model.compute_logits(rows).cpu()

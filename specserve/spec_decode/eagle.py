@@ -142,11 +142,9 @@ class EagleProposer(ModelProposer):
                                    device=self.runner.device)
             for j, (_, n) in enumerate(batch):
                 features[inputs.query_start[j]:inputs.query_start[j] + n] = feats[j]
-            out = self.model(inputs.input_ids, inputs.positions, self.runner.kv_caches,
-                            inputs.meta, features)
             last = torch.tensor([inputs.query_start[j] + n - 1 for j, (_, n) in enumerate(batch)])
-            out = out.index_select(0, last.to(out.device))  # [len(batch), hidden]
-            logits = self.model.compute_logits(out).cpu()  # sampled on the host
+            hidden, logits = self.runner.execute(inputs, last, features)
+            out = hidden.index_select(0, last.to(hidden.device))  # [len(batch), hidden]
             self.num_forwards += 1
             self.num_tokens_computed += sum(n for _, n in batch)
             self.last_forward_tokens.append(sum(n for _, n in batch))
