@@ -50,22 +50,18 @@ class AttentionMetadata:
 
 def paged_attention(
     q: torch.Tensor,  # [num_tokens, num_heads, head_dim]
-    k: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    v: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
-    cache: LayerKVCache,
+    cache: LayerKVCache,  # already holding this step's K/V (fused.rope_write_kv)
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
-    # The new tokens' K/V go into the pool first, so a query sees itself and its own chunk.
-    cache.write(meta.slot_mapping, k, v)
     outs = []
     start = 0
     for g in meta.groups:
-        qg = q[start:start + g.num_tokens]
+        qg = q[start:start + g.num_tokens] if len(meta.groups) > 1 else q
         start += g.num_tokens
         if g.block_tables is not None:
             outs.append(paged_attention_ext.paged_attention_short(
-                qg.contiguous(), cache.k, cache.v, g.block_tables, g.token_seq, g.token_pos,
+                qg, cache.k, cache.v, g.block_tables, g.token_seq, g.token_pos,
                 meta.block_size, scale))
             continue
         if g.query_gather is not None:

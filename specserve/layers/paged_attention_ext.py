@@ -1,11 +1,12 @@
 """Fused CPU paged attention for short queries (decode, speculative verification).
 
 A C++ kernel (csrc/paged_attention.cpp) that reads K/V in place from the paged cache through the
-block tables, built once at run time with `torch.utils.cpp_extension.load_inline` (needs a C++
-compiler and ninja). The build goes to `$SPECSERVE_CACHE/torch_extensions/<name>` (default
-`~/.cache/specserve/torch_extensions/<name>`); `<name>` hashes the source, the compiler flags, the
-compiler, torch and Python versions and the CPU (vendor, family/model/stepping, model name, ISA
-flags), because `-march=native` code must never be loaded on another CPU.
+block tables, built once at run time together with the decoder's fused elementwise ops
+(csrc/fused_ops.cpp, used through layers/fused.py) with `torch.utils.cpp_extension.load_inline`
+(needs a C++ compiler and ninja). The build goes to `$SPECSERVE_CACHE/torch_extensions/<name>`
+(default `~/.cache/specserve/torch_extensions/<name>`); `<name>` hashes the sources, the compiler
+flags, the compiler, torch and Python versions and the CPU (vendor, family/model/stepping, model
+name, ISA flags), because `-march=native` code must never be loaded on another CPU.
 
 `available()` builds or loads the extension on first use and says whether it can be used;
 `SPECSERVE_NO_EXT=1` turns it off. Callers keep the pure-PyTorch path as the fallback.
@@ -29,7 +30,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCE_PATH = Path(__file__).with_name("csrc") / "paged_attention.cpp"
+_SOURCE_PATHS = [Path(__file__).with_name("csrc") / f for f in ("paged_attention.cpp",
+                                                                 "fused_ops.cpp")]
+_FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm_", "rope_write_kv",
+              "silu_and_mul"]
 _CFLAGS = [
     "-O3",
     "-march=native",
@@ -96,7 +100,7 @@ def extension_name(source: str, compiler: str) -> str:
         source, " ".join(_CFLAGS), " ".join(_LDFLAGS), compiler, torch.__version__,
         sys.version, _cpu_id(),
     ])
-    return "specserve_paged_attn_" + hashlib.sha256(key.encode()).hexdigest()[:16]
+    return "specserve_cpu_ops_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def _build() -> Any:
@@ -108,7 +112,7 @@ def _build() -> Any:
         raise RuntimeError("no C++ compiler found (set CXX or install g++)")
     if not _ensure_ninja():
         raise RuntimeError("ninja not found (pip install ninja)")
-    source = _SOURCE_PATH.read_text()
+    source = "\n".join(p.read_text() for p in _SOURCE_PATHS)
     name = extension_name(source, compiler)
     root = os.environ.get("SPECSERVE_CACHE", os.path.join(Path.home(), ".cache", "specserve"))
     build_dir = Path(root) / "torch_extensions" / name
@@ -125,7 +129,7 @@ def _build() -> Any:
     module = load_inline(
         name=name,
         cpp_sources=[source],
-        functions=["paged_attention_short"],
+        functions=_FUNCTIONS,
         extra_cflags=_CFLAGS,
         extra_ldflags=_LDFLAGS,
         build_directory=str(build_dir),
@@ -153,6 +157,14 @@ def _load() -> Any:
     return _module
 
 
+def module() -> Any:
+    """The loaded extension (all its ops), or None when it is unavailable or switched off.
+    Called per op per layer, so the loaded case returns at once."""
+    if _tried:
+        return _module
+    return _load() if available() else None
+
+
 def available() -> bool:
     """Whether the fused kernel can be used (builds or loads it on the first call)."""
     if os.environ.get("SPECSERVE_NO_EXT", "") not in ("", "0"):
@@ -175,8 +187,8 @@ def paged_attention_short(
     """Causal attention of a few query tokens per sequence over the paged KV cache.
 
     q: [num_tokens, num_heads, head_dim] bf16/fp32; k_cache, v_cache: [num_slots, num_kv_heads,
-    head_dim] of q's dtype; block_tables: [num_seqs, max_blocks] int32; token_seq, token_pos:
-    [num_tokens] int32 (row of block_tables; absolute position; the token attends to keys
+    head_dim] of q's dtype; block_tables: [num_seqs, max_blocks] int32 contiguous; token_seq,
+    token_pos: [num_tokens] int32 (row of block_tables; absolute position; the token attends to keys
     0..token_pos inclusive, its own K/V already in the cache). Slot of position p of sequence s:
     block_tables[s, p // block_size] * block_size + p % block_size. GQA: head h reads KV head
     h // (num_heads // num_kv_heads). Returns [num_tokens, num_heads * head_dim] in q's dtype.
@@ -187,13 +199,10 @@ def paged_attention_short(
     max_parts: cap on key partitions per sequence (0: automatic, used when there are fewer than
     4 sequences per thread and long contexts; 1: never split).
     """
-    module = _load()
+    module = _module if _tried else _load()
     if module is None:
         raise RuntimeError("fused paged attention kernel is not available")
-    return module.paged_attention_short(
-        q.contiguous(), k_cache, v_cache,
-        block_tables.to(torch.int32).contiguous(),
-        token_seq.to(torch.int32).contiguous(),
-        token_pos.to(torch.int32).contiguous(),
-        int(block_size), float(scale), int(max_parts),
-    )
+    # No conversions here: this runs once per layer per step, and the kernel checks dtypes and
+    # layouts itself (metadata must already be int32).
+    return module.paged_attention_short(q.contiguous(), k_cache, v_cache, block_tables,
+                                        token_seq, token_pos, block_size, scale, max_parts)

@@ -16,12 +16,13 @@ class RotaryEmbedding:
         self.sin = emb.sin().to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Once per step: [num_tokens, 1, head_dim] cos and sin, shared by every layer."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """Once per step: [num_tokens, head_dim] cos and sin, shared by every layer."""
+        return self.cos[positions], self.sin[positions]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [num_tokens, num_heads, head_dim]. x*cos + rotate_half(x)*sin in four ops."""
+    """x: [..., num_heads, head_dim], cos / sin broadcast to it: x*cos + rotate_half(x)*sin, each
+    product rounded to x's dtype, as transformers does (the fused kernel rounds the same way)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return torch.addcmul(x * cos, rotated, sin)
+    return x * cos + rotated * sin

@@ -8,13 +8,13 @@ computed only for the rows the caller asks for.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specserve.config import ModelConfig
+from specserve.layers import fused
 from specserve.layers.attention import AttentionMetadata, paged_attention
 from specserve.layers.kv_cache import LayerKVCache
-from specserve.layers.rotary import RotaryEmbedding, apply_rotary
+from specserve.layers.rotary import RotaryEmbedding
 
 
 class RMSNorm(nn.Module):
@@ -23,8 +23,12 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        """RMSNorm(x) * w; given a residual stream (vLLM's convention), first adds x into it and
+        returns (normed, new residual). The fused path updates x and residual in place."""
+        if residual is None:
+            return fused.rms_norm(x, self.weight, self.eps)
+        return fused.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -38,15 +42,10 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:
-        c = self.cfg
-        n = x.shape[0]
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
-        # Rotate q and k in one go: [num_tokens, num_heads + num_kv_heads, head_dim]
-        qk = apply_rotary(qkv[:, : c.q_size + c.kv_size].view(n, -1, c.head_dim), cos, sin)
-        q, k = qk.split([c.num_heads, c.num_kv_heads], dim=1)
-        v = qkv[:, c.q_size + c.kv_size:].view(n, c.num_kv_heads, c.head_dim)
-        out = paged_attention(q, k, v, kv_cache, meta, self.scale)
-        return self.o_proj(out)
+        # The new tokens' K/V go into the pool first, so a query sees itself and its own chunk.
+        q = fused.rope_write_kv(qkv, cos, sin, meta.slot_mapping, kv_cache, self.cfg.num_heads)
+        return self.o_proj(paged_attention(q, kv_cache, meta, self.scale))
 
 
 class MLP(nn.Module):
@@ -56,8 +55,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)  # SwiGLU (Shazeer 2020)
+        return self.down_proj(fused.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -68,9 +66,18 @@ class DecoderLayer(nn.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, kv_cache, meta):
-        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, meta)
-        return x + self.mlp(self.post_attn_norm(x))
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
+                sin: torch.Tensor, kv_cache: LayerKVCache,
+                meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-norm residual block; the residual add is fused into the next norm, so this
+        returns the MLP's output and the residual stream without it (None: x is the stream)."""
+        if residual is None:  # first layer: x is the residual stream
+            x, residual = self.input_norm(x), x
+        else:
+            x, residual = self.input_norm(x, residual)
+        x = self.attn(x, cos, sin, kv_cache, meta)
+        x, residual = self.post_attn_norm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -90,11 +97,11 @@ class LlamaModel(nn.Module):
                 kv_caches: list[LayerKVCache],
                 meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden]."""
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         cos, sin = self.rotary.lookup(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, kv_cache, meta)
+        return self.norm(x, residual)[0] if residual is not None else self.norm(x)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -100,6 +100,8 @@ class Int4Linear(nn.Module):
             packed = _pack_nibbles(q)
         self.register_buffer("weight", packed)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())  # [out]
+        # The decode hot path: 2-D input in the compute dtype, nothing to slice or add.
+        self._direct = self.layout == "cpu" and pad == 0 and bias is None
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, group_size: int = 32) -> Int4Linear:
@@ -113,6 +115,9 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x [..., in] -> [..., out], same dtype as x
+        if self._direct and x.dim() == 2 and x.dtype == self.compute_dtype and x.is_contiguous():
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, self.weight, self.group_size, self.scales_and_zeros)
         shape, dtype = x.shape, x.dtype
         x2 = x.reshape(-1, self.in_features).to(self.compute_dtype)  # [tokens, in]
         if self.layout != x.device.type and self.layout != "ref":

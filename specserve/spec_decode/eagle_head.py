@@ -73,7 +73,8 @@ class EagleHead(nn.Module):
                                    device=input_ids.device)
         x = self.fuse(input_ids, features)
         cos, sin = self.rotary.lookup(positions)
-        return self.norm(self.layers[0](x, cos, sin, kv_caches[0], meta))
+        x, residual = self.layers[0](x, None, cos, sin, kv_caches[0], meta)
+        return self.norm(x, residual)[0]
 
     def dense(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """Training: [B, T] ids and [B, T, hidden] previous features -> [B, T, hidden]."""

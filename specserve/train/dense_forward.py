@@ -45,8 +45,8 @@ def dense_layer(layer: DecoderLayer, x: torch.Tensor, cos: torch.Tensor,
 
 def dense_layers(layers: nn.ModuleList, x: torch.Tensor, rotary: RotaryEmbedding) -> torch.Tensor:
     """Run decoder layers over embeddings x: [B, T, hidden]; positions are 0..T-1."""
-    cos, sin = rotary.lookup(torch.arange(x.shape[1]))  # [T, 1, head_dim], broadcast over B
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    cos, sin = rotary.lookup(torch.arange(x.shape[1]))  # [T, head_dim]
+    cos, sin = cos.to(x.dtype).unsqueeze(1), sin.to(x.dtype).unsqueeze(1)  # broadcast over heads
     for layer in layers:
         x = dense_layer(layer, x, cos, sin)
     return x

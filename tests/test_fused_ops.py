@@ -1,0 +1,111 @@
+"""The fused CPU ops (RMSNorm, add + RMSNorm, RoPE + KV write, silu * up) against references
+written the way transformers' Llama modules compute them, op by op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specserve.layers import fused
+from specserve.layers import paged_attention_ext as ext
+from specserve.layers.kv_cache import LayerKVCache
+from specserve.layers.rotary import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(not ext.available(), reason="CPU extension unavailable")
+
+DTYPES = (torch.bfloat16, torch.float32)
+H, KVH, D = 9, 3, 64
+
+
+def hf_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm.forward."""
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def hf_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """transformers' apply_rotary_pos_emb for one tensor [n, heads, D], cos/sin [n, 1, D]."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return (x * cos) + (torch.cat((-x2, x1), dim=-1) * sin)
+
+
+def same(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    if dtype == torch.bfloat16:  # bit-identical: the kernel rounds where transformers does
+        assert torch.equal(a, b)
+    else:  # fp32: only the sum of squares is reassociated
+        torch.testing.assert_close(a, b, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 5, 300])  # 300 rows: split across threads
+def test_rms_norm_and_fused_residual(dtype, n):
+    g = torch.Generator().manual_seed(n)
+    x = (3 * torch.randn(n, 576, generator=g)).to(dtype)
+    res = torch.randn(n, 576, generator=g).to(dtype)
+    w = (torch.rand(576, generator=g) + 0.5).to(dtype)
+    same(fused.rms_norm(x, w, 1e-5), hf_rms_norm(x, w, 1e-5), dtype)
+
+    want_res = res + x
+    want = hf_rms_norm(want_res, w, 1e-5)
+    got, got_res = fused.add_rms_norm(x.clone(), res.clone(), w, 1e-5)
+    assert torch.equal(got_res, want_res)  # the residual add rounds exactly like `res + x`
+    same(got, want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 7, 200])
+def test_rope_write_kv(dtype, n):
+    g = torch.Generator().manual_seed(n)
+    qkv = torch.randn(n, (H + 2 * KVH) * D, generator=g).to(dtype)
+    positions = torch.randint(0, 4000, (n,), generator=g)
+    cos, sin = RotaryEmbedding(D, 4096, 10000.0, dtype).lookup(positions)
+    cache = LayerKVCache(512, KVH, D, dtype, dtype)
+    slots = torch.randperm(512, generator=g)[:n]
+    q = fused.rope_write_kv(qkv, cos, sin, slots, cache, H)
+
+    heads = qkv.view(n, H + 2 * KVH, D)
+    c, s = cos[:, None], sin[:, None]
+    assert torch.equal(q, hf_rope(heads[:, :H], c, s))
+    assert torch.equal(cache.k[slots], hf_rope(heads[:, H:H + KVH], c, s))
+    assert torch.equal(cache.v[slots], heads[:, H + KVH:])
+    untouched = torch.ones(512, dtype=torch.bool)
+    untouched[slots] = False
+    assert not cache.k[untouched].any() and not cache.v[untouched].any()
+
+
+def test_rope_write_kv_quantized_cache_takes_the_reference_path():
+    n = 4
+    qkv = torch.randn(n, (H + 2 * KVH) * D).bfloat16()
+    cos, sin = RotaryEmbedding(D, 64, 10000.0, torch.bfloat16).lookup(torch.arange(n))
+    cache = LayerKVCache(64, KVH, D, torch.int8, torch.bfloat16)
+    slots = torch.tensor([3, 9, 10, 40])
+    q = fused.rope_write_kv(qkv, cos, sin, slots, cache, H)
+    assert torch.equal(q, hf_rope(qkv.view(n, -1, D)[:, :H], cos[:, None], sin[:, None]))
+    k, v = cache.gather(slots)
+    torch.testing.assert_close(v, qkv.view(n, -1, D)[:, H + KVH:], rtol=0.02, atol=0.02)
+    assert k.abs().sum() > 0
+
+
+def test_rope_write_kv_refuses_a_slot_outside_the_cache():
+    qkv = torch.randn(1, (H + 2 * KVH) * D)
+    cos, sin = RotaryEmbedding(D, 64, 10000.0, torch.float32).lookup(torch.tensor([0]))
+    cache = LayerKVCache(16, KVH, D, torch.float32, torch.float32)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        fused.rope_write_kv(qkv, cos, sin, torch.tensor([16]), cache, H)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(dtype):
+    x = torch.randn(33, 2 * 1536).to(dtype)
+    gate, up = x.chunk(2, dim=-1)
+    assert torch.equal(fused.silu_and_mul(x), F.silu(gate) * up)
+
+
+def test_autograd_takes_the_reference_path():
+    """Training runs the same modules with gradients; the kernels have no backward."""
+    x = torch.randn(4, 576, requires_grad=True)
+    w = torch.ones(576, requires_grad=True)
+    fused.rms_norm(x, w, 1e-5).sum().backward()
+    assert x.grad is not None and w.grad is not None
