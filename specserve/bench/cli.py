@@ -315,8 +315,51 @@ def _add_online(bench) -> None:
     p.set_defaults(func=cmd_online)
 
 
+def cmd_quant(args: argparse.Namespace) -> None:
+    from specserve.bench.machine import describe_machine
+    from specserve.bench.quant import QuantSettings, format_quant, run_quant_bench
+    from specserve.bench.report import write_json
+
+    settings = QuantSettings(input_len=args.input_len, output_len=args.output_len,
+                             num_sequential=args.num_sequential, batch=args.batch,
+                             kv_cache_memory=args.kv_cache_memory, ppl_tokens=args.ppl_tokens,
+                             num_threads=args.num_threads)
+    modes = list(_names(args.modes))
+    console = _console()
+    with _progress() as progress:
+        task = progress.add_task("quant", total=len(modes) + (0 if args.no_llama_cpp else 1))
+        result = run_quant_bench(modes, settings, _callback(progress, task),
+                                 with_llama_cpp=not args.no_llama_cpp)
+    console.print(format_quant(result), highlight=False)
+    if args.out:
+        write_json(Path(args.out), {"machine": describe_machine(), **result})
+        console.print(f"wrote {args.out}")
+
+
+def _add_quant(bench) -> None:
+    from specserve.bench.quant import MODES
+    from specserve.cli import parse_memory
+
+    p = bench.add_parser("quant", help="weight and KV-cache precisions side by side (memory, "
+                                       "perplexity, tok/s at 1 and 32) with llama.cpp at 1")
+    p.add_argument("--modes", default=",".join(MODES), help=f"any of {','.join(MODES)}")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--num-sequential", type=int, default=4,
+                   help="requests run one after another for the concurrency-1 figure")
+    p.add_argument("--batch", type=int, default=32, help="the throughput point's concurrency")
+    p.add_argument("--kv-cache-memory", type=parse_memory, default=1 << 30)
+    p.add_argument("--ppl-tokens", type=int, default=4096)
+    p.add_argument("--num-threads", type=int, default=None)
+    p.add_argument("--no-llama-cpp", action="store_true")
+    p.add_argument("--out", default=None, help="write the results to this JSON file")
+    p.set_defaults(func=cmd_quant)
+
+
 def add_bench_parsers(bench: argparse._SubParsersAction) -> None:
-    """Register `bench lab`, `bench sweep` and `bench online` (called from specserve.cli)."""
+    """Register `bench lab`, `bench sweep`, `bench online` and `bench quant` (called from
+    specserve.cli)."""
     _add_lab(bench)
     _add_sweep(bench)
     _add_online(bench)
+    _add_quant(bench)

@@ -11,6 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# Resolved once: looking the op up through torch.ops costs more than a batch-1 call of it.
+_LINEAR_POINTWISE = (torch.ops.mkldnn._linear_pointwise.default
+                     if torch.backends.mkldnn.is_available() else None)
+
 
 def can_pack(dtype: torch.dtype) -> bool:
     return (dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
@@ -27,7 +31,7 @@ class PackedLinear(nn.Module):
         self.weight_nbytes = weight.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return _LINEAR_POINTWISE(x, self.packed, self.bias, "none", [], "")
 
 
 def pack_linears(model: nn.Module) -> int:

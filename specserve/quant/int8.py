@@ -80,6 +80,9 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x [..., in] -> [..., out], same dtype as x
+        if (self.bias is None and x.dim() == 2 and x.dtype == SCALE_DTYPE and x.is_cpu
+                and x.is_contiguous()):  # the decode hot path, straight to the kernel
+            return torch._weight_int8pack_mm(x, self.weight, self.scales)
         shape, dtype = x.shape, x.dtype
         x2 = x.reshape(-1, self.in_features)  # [tokens, in]
         if _has_kernel("aten::_weight_int8pack_mm", x.device.type) and dtype in (

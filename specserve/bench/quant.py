@@ -1,0 +1,147 @@
+"""`specserve bench quant`: every weight and KV-cache precision side by side, with llama.cpp.
+
+For each mode (bf16, int8, int4, gguf, fp8 weights; int8 and fp8 KV caches), in a fresh process:
+model memory, KV blocks and the most 1k-token sequences a fixed KV budget holds, perplexity on
+the standard library's documentation text (bench/quality.py), and output tok/s at concurrency 1
+(requests one after another) and at concurrency 32 (one wave). llama.cpp (llama-cpp-python, when
+installed) runs the same token prompts at concurrency 1, greedy with EOS banned, in its own
+process. Every figure comes from this run; nothing is carried over.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+from specserve.bench.baselines import llama_cpp_available
+from specserve.bench.isolate import Progress, run_isolated
+
+MODES: dict[str, dict] = {
+    "bf16": {},
+    "int8": {"quantization": "int8"},
+    "int4": {"quantization": "int4"},
+    "gguf": {"quantization": "gguf"},
+    "fp8": {"quantization": "fp8"},
+    "kv-int8": {"kv_cache_dtype": "int8"},
+    "kv-fp8": {"kv_cache_dtype": "fp8_e4m3"},
+}
+SEQ_LEN = 1024  # "maximum concurrent 1k-token sequences"
+
+
+@dataclass
+class QuantSettings:
+    input_len: int = 128
+    output_len: int = 64
+    num_sequential: int = 4  # requests measured one after another at concurrency 1
+    batch: int = 32
+    kv_cache_memory: int = 1 << 30
+    ppl_tokens: int = 4096
+    num_threads: int | None = None
+
+
+def _measure_mode(name: str, settings: QuantSettings, progress: Progress) -> dict:
+    from specserve.bench.offline import bench_engine, make_prompts
+    from specserve.bench.quality import perplexity, reference_text
+    from specserve.llm import LLM
+
+    progress(f"{name}: loading", 0)
+    t0 = time.perf_counter()
+    llm = LLM(kv_cache_memory=settings.kv_cache_memory, num_threads=settings.num_threads,
+              **MODES[name])
+    load_s = time.perf_counter() - t0
+    engine = llm.engine
+    blocks, block_size = engine.block_manager.num_blocks, engine.config.cache.block_size
+    progress(f"{name}: perplexity", 0)
+    ppl = perplexity(engine, engine.tokenize(reference_text())[:settings.ppl_tokens])
+    prompts = make_prompts(llm.get_tokenizer(), max(settings.batch, settings.num_sequential),
+                           settings.input_len)
+    bench_engine(llm, prompts[:1], 8)  # warm-up
+    progress(f"{name}: concurrency 1", 0)
+    tokens, wall, tpots = 0.0, 0.0, []
+    for p in prompts[:settings.num_sequential]:
+        r = bench_engine(llm, [p], settings.output_len)
+        tokens, wall = tokens + r.output_tok_s * r.wall_s, wall + r.wall_s
+        tpots.append(r.tpot_p50_ms)
+    progress(f"{name}: concurrency {settings.batch}", 0)
+    batch = bench_engine(llm, prompts[:settings.batch], settings.output_len)
+    progress(f"{name}: done", 1)
+    return {"mode": name, "engine_kwargs": MODES[name], "load_s": load_s,
+            "weight_bytes": engine.weight_bytes, "kv_cache_bytes": engine.runner.kv_cache_bytes,
+            "kv_blocks": blocks, "max_1k_seqs": blocks * block_size // SEQ_LEN,
+            "perplexity": ppl, "tok_s_c1": tokens / wall, "tok_s_batch": batch.output_tok_s,
+            "decode_tok_s_c1": 1e3 / statistics.median(tpots),
+            "prompts_c1": prompts[:settings.num_sequential]}
+
+
+def _measure_llama_cpp(prompts: list[list[int]], settings: QuantSettings,
+                       progress: Progress) -> dict:
+    from specserve.bench.baselines import load_llama_cpp
+
+    progress("llama.cpp: loading", 0)
+    llama = load_llama_cpp(None, settings.num_threads, seed=0)
+    ban_eos = {llama.token_eos(): -1e9}  # llama.cpp has no ignore_eos
+
+    def run(prompt: list[int], max_tokens: int) -> tuple[int, float]:
+        """Streams one request: (tokens, time per output token after the first)."""
+        llama.reset()  # cold prefill, as ours
+        stamps = [time.perf_counter() for _ in llama.create_completion(
+            prompt=prompt, max_tokens=max_tokens, temperature=0.0, logit_bias=ban_eos,
+            stream=True)]
+        return len(stamps), (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
+
+    run(prompts[0], 8)  # warm-up
+    progress("llama.cpp: concurrency 1", 0)
+    tokens, tpots, t0 = 0, [], time.perf_counter()
+    for p in prompts[:settings.num_sequential]:
+        n, tpot = run(p, settings.output_len)
+        tokens, tpots = tokens + n, tpots + [tpot]
+    progress("llama.cpp: done", 1)
+    return {"mode": "llama.cpp (gguf Q4_1)", "tok_s_c1": tokens / (time.perf_counter() - t0),
+            "decode_tok_s_c1": 1 / statistics.median(tpots),
+            "num_threads": settings.num_threads or os.cpu_count()}
+
+
+def run_quant_bench(modes: list[str], settings: QuantSettings, progress: Progress,
+                    with_llama_cpp: bool = True) -> dict:
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown modes {unknown}; choose from {list(MODES)}")
+    rows = [run_isolated(_measure_mode, (m, settings), progress) for m in modes]
+    result = {"settings": vars(settings), "rows": rows, "llama_cpp": None}
+    if with_llama_cpp and llama_cpp_available():  # the very token ids our c=1 run used
+        result["llama_cpp"] = run_isolated(_measure_llama_cpp, (rows[0]["prompts_c1"], settings),
+                                           progress)
+    return result
+
+
+def format_quant(result: dict) -> str:
+    s = result["settings"]
+    rows = result["rows"]
+    ref = next((r for r in rows if r["mode"] == "bf16"), rows[0])
+    lcpp = result["llama_cpp"]
+    lines = [f"{'mode':<22} {'weights MiB':>11} {'KV blocks':>9} {'1k seqs':>7} {'ppl':>8} "
+             f"{'Δppl %':>7} {'tok/s @1':>8} {'decode @1':>9} {'tok/s @' + str(s['batch']):>9} "
+             f"{'@1 vs llama.cpp':>15}"]
+    for r in rows:
+        vs = (f"{r['tok_s_c1'] / lcpp['tok_s_c1']:.2f}x / "
+              f"{r['decode_tok_s_c1'] / lcpp['decode_tok_s_c1']:.2f}x" if lcpp else "-")
+        lines.append(
+            f"{r['mode']:<22} {r['weight_bytes'] / 2**20:>11.1f} {r['kv_blocks']:>9} "
+            f"{r['max_1k_seqs']:>7} {r['perplexity']:>8.3f} "
+            f"{100 * (r['perplexity'] / ref['perplexity'] - 1):>+7.2f} {r['tok_s_c1']:>8.1f} "
+            f"{r['decode_tok_s_c1']:>9.1f} {r['tok_s_batch']:>9.1f} {vs:>15}")
+    if lcpp:
+        lines.append(f"{lcpp['mode']:<22} {'':>11} {'':>9} {'':>7} {'':>8} {'':>7} "
+                     f"{lcpp['tok_s_c1']:>8.1f} {lcpp['decode_tok_s_c1']:>9.1f} {'':>9} "
+                     f"{'1.00x / 1.00x':>15}")
+    else:
+        lines.append("llama.cpp: not measured (pip install -e '.[peers]' adds llama-cpp-python)")
+    lines.append(f"{s['input_len']}-token prompts, {s['output_len']} output tokens; @1: "
+                 f"{s['num_sequential']} requests one after another (tok/s: output tokens over "
+                 "wall time, prefill included; decode: 1 / median time per output token); "
+                 "KV budget "
+                 f"{s['kv_cache_memory'] / 2**30:g} GiB; perplexity over {s['ppl_tokens']} "
+                 "tokens of pydoc_data")
+    return "\n".join(lines)
