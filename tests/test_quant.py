@@ -248,3 +248,20 @@ def test_replace_with_gguf(gguf_tensors):
     assert rel(qkv(x), x.float() @ w.T + bias) < 0.006
     with pytest.raises(ValueError):
         replace_with_gguf(model, {"layers.1.attn.o_proj": gguf_tensors["blk.0.attn_k.weight"]})
+
+
+def test_fp8_cpu_image_is_packed_like_a_bf16_linear():
+    """On the CPU an fp8 layer is its bf16 image; the engine packs it for oneDNN (same output,
+    bf16 speed), while cpu_mode='fp8' layers stay as they are."""
+    from specserve.layers.linear import PackedLinear, can_pack, pack_linears
+
+    if not can_pack(torch.bfloat16):
+        pytest.skip("no oneDNN bf16 packing here")
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 96, bias=True).to(torch.bfloat16)
+    model = nn.Sequential(Fp8Linear.from_linear(lin), Fp8Linear.from_linear(lin, cpu_mode="fp8"))
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    want = model[0](x)
+    assert pack_linears(model) == 0  # no tied copy: nothing added
+    assert isinstance(model[0], PackedLinear) and isinstance(model[1], Fp8Linear)
+    assert torch.equal(model[0](x), want)

@@ -330,7 +330,7 @@ def cmd_quant(args: argparse.Namespace) -> None:
         task = progress.add_task("quant", total=len(modes) + (0 if args.no_llama_cpp else 1))
         result = run_quant_bench(modes, settings, _callback(progress, task),
                                  with_llama_cpp=not args.no_llama_cpp)
-    console.print(format_quant(result), highlight=False)
+    console.print(format_quant(result), highlight=False, markup=False)
     if args.out:
         write_json(Path(args.out), {"machine": describe_machine(), **result})
         console.print(f"wrote {args.out}")

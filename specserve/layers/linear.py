@@ -34,17 +34,28 @@ class PackedLinear(nn.Module):
         return _LINEAR_POINTWISE(x, self.packed, self.bias, "none", [], "")
 
 
+def _dense_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(weight, bias) of a plain linear, or of a quantized one that is exactly a bf16 linear
+    (fp8 on the CPU keeps a bf16 image: `bf16_image()`); None otherwise."""
+    if type(module) is nn.Linear:
+        return module.weight, module.bias
+    image = getattr(module, "bf16_image", None)
+    return image() if image is not None else None
+
+
 def pack_linears(model: nn.Module) -> int:
-    """Swap every plain bf16 nn.Linear (quantized ones are left alone) for a PackedLinear.
-    Returns the bytes added (a tied LM head gets its own packed copy)."""
+    """Swap every bf16 linear (plain, or a quantized layer's bf16 image; int8 / int4 ones are
+    left alone) for a PackedLinear. Returns the bytes added (a tied LM head gets its own packed
+    copy)."""
     added = 0
     for name, module in list(model.named_modules()):
-        if (type(module) is not nn.Linear or module.weight.device.type != "cpu"
-                or not can_pack(module.weight.dtype)):  # oneDNN packing is for the CPU
-            continue
+        dense = _dense_weights(module)
+        if dense is None or dense[0].device.type != "cpu" or not can_pack(dense[0].dtype):
+            continue  # oneDNN packing is for the CPU
+        weight, bias = dense
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        tied = module.weight is getattr(getattr(model, "embed_tokens", None), "weight", None)
-        setattr(parent, child, PackedLinear(module.weight, module.bias))
-        added += module.weight.nbytes if tied else 0
+        tied = weight is getattr(getattr(model, "embed_tokens", None), "weight", None)
+        setattr(parent, child, PackedLinear(weight, bias))
+        added += weight.nbytes if tied else 0
     return added
