@@ -264,4 +264,5 @@ def test_fp8_cpu_image_is_packed_like_a_bf16_linear():
     want = model[0](x)
     assert pack_linears(model) == 0  # no tied copy: nothing added
     assert isinstance(model[0], PackedLinear) and isinstance(model[1], Fp8Linear)
-    assert torch.equal(model[0](x), want)
+    # oneDNN's packed kernel and F.linear (with the bias add) may round a bf16 output apart
+    torch.testing.assert_close(model[0](x), want, rtol=2**-7, atol=1e-2)
