@@ -266,3 +266,20 @@ def test_fp8_cpu_image_is_packed_like_a_bf16_linear():
     assert isinstance(model[0], PackedLinear) and isinstance(model[1], Fp8Linear)
     # oneDNN's packed kernel and F.linear (with the bias add) may round a bf16 output apart
     torch.testing.assert_close(model[0](x), want, rtol=2**-7, atol=1e-2)
+
+
+def test_int8_lm_head_paths_agree():
+    """Few rows take the int8 kernel, many the packed bf16 GEMM over the same integers: the two
+    agree to bf16 rounding, and both match the bf16 head to int8 quantization error."""
+    from specserve.quant.lm_head import SMALL_M, Int8LMHead
+
+    torch.manual_seed(0)
+    w = torch.randn(1000, 64)
+    head = Int8LMHead(w)
+    x = torch.randn(SMALL_M + 4, 64, dtype=torch.bfloat16)
+    many = head(x).float()  # packed bf16 path
+    few = torch.cat([head(x[i:i + 1]) for i in range(len(x))]).float()  # int8 kernel
+    torch.testing.assert_close(few, many, rtol=2**-7, atol=2e-2)
+    ref = x.float() @ w.T
+    assert rel(many, ref) < 0.015 and rel(few, ref) < 0.015
+    assert head.weight.dtype == torch.int8 and head.weight_nbytes < w.numel() * 4

@@ -13,10 +13,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from specserve.layers.linear import PackedLinear
 from specserve.quant.fp8 import Fp8Linear
 from specserve.quant.gguf_q4 import BLOCK_BYTES, QK, GGUFQ4Linear, concat_raw
 from specserve.quant.int4 import Int4Linear
 from specserve.quant.int8 import Int8Linear
+from specserve.quant.lm_head import Int8LMHead
 
 METHODS = ("int8", "int4", "fp8")
 QUANT_MODULES = (Int8Linear, Int4Linear, Fp8Linear)  # GGUFQ4Linear is an Int4Linear
@@ -89,7 +91,7 @@ def linear_weight_nbytes(model: nn.Module) -> int:
     """Weight bytes of all linear layers, quantized or not (biases and embeddings excluded)."""
     total = 0
     for m in model.modules():
-        if isinstance(m, QUANT_MODULES):
+        if isinstance(m, (*QUANT_MODULES, PackedLinear)):
             total += m.weight_nbytes
         elif isinstance(m, nn.Linear):
             total += m.weight.nbytes
@@ -97,6 +99,10 @@ def linear_weight_nbytes(model: nn.Module) -> int:
 
 
 QUANTIZATION_METHODS = ("int8", "int4", "fp8", "gguf")
+# Requantizing modes whose decode is fast enough that the bf16 LM head weighs on it (CPU): their
+# head goes int8 too. Not gguf: that mode runs the file's weights as shipped, and the tied head
+# ships as Q8_0 (groups of 32), which a per-row int8 head would requantize.
+INT8_HEAD_METHODS = ("int8", "int4")
 
 
 def apply_quantization(model: nn.Module, method: str | None,
@@ -108,20 +114,28 @@ def apply_quantization(model: nn.Module, method: str | None,
         return model
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"unknown quantization {method!r}; choose one of {QUANTIZATION_METHODS}")
+    device = next(model.parameters()).device
     if method != "gguf":
-        return quantize_model(model, method)
-    rows = {name: raw for name, (raw, qtype) in (raw_quantized or {}).items() if qtype == "Q4_1"}
-    if not rows:
-        raise ValueError("quantization='gguf' runs a GGUF file's own Q4_1 weights: load a .gguf "
-                         "model with Q4_1 tensors (the embedded model has them)")
-    return replace_with_gguf(model, rows, device=next(model.parameters()).device)
+        quantize_model(model, method)
+    else:
+        rows = {name: raw for name, (raw, qtype) in (raw_quantized or {}).items()
+                if qtype == "Q4_1"}
+        if not rows:
+            raise ValueError("quantization='gguf' runs a GGUF file's own Q4_1 weights: load a "
+                             ".gguf model with Q4_1 tensors (the embedded model has them)")
+        replace_with_gguf(model, rows, device=device)
+    head = getattr(model, "lm_head", None)
+    if method in INT8_HEAD_METHODS and device.type == "cpu" and type(head) is nn.Linear:
+        model.lm_head = Int8LMHead(head.weight.detach())  # see quant/lm_head.py
+    return model
 
 
 def model_nbytes(model: nn.Module) -> int:
-    """Bytes of every parameter and buffer (tied tensors counted once)."""
+    """Bytes of every parameter and buffer (tied tensors counted once), plus the oneDNN-packed
+    weight copies, which are neither."""
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.nbytes
-    return total
+    return total + sum(m.weight_nbytes for m in model.modules() if isinstance(m, PackedLinear))
