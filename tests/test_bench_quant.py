@@ -27,3 +27,13 @@ def test_one_mode_end_to_end():
     assert [len(p) for p in row["prompts_c1"]] == [16, 16]
     table = format_quant({"settings": vars(s), "rows": [row], "llama_cpp": None})
     assert "kv-int8" in table and "llama.cpp: not measured" in table
+
+
+def test_repetitions_are_reduced_to_medians():
+    from specserve.bench.quant import _median_of
+
+    reps = [{"mode": "x", "perplexity": 9.0, "tok_s_c1": v, "decode_tok_s_c1": 2 * v,
+             "tok_s_batch": 3 * v} for v in (10.0, 30.0, 20.0)]
+    row = _median_of(reps)
+    assert (row["tok_s_c1"], row["decode_tok_s_c1"], row["tok_s_batch"]) == (20.0, 40.0, 60.0)
+    assert row["perplexity"] == 9.0 and len(row["repetitions"]) == 3

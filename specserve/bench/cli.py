@@ -327,9 +327,10 @@ def cmd_quant(args: argparse.Namespace) -> None:
     modes = list(_names(args.modes))
     console = _console()
     with _progress() as progress:
-        task = progress.add_task("quant", total=len(modes) + (0 if args.no_llama_cpp else 1))
+        total = (len(modes) + (0 if args.no_llama_cpp else 1)) * args.repeats
+        task = progress.add_task("quant", total=total)
         result = run_quant_bench(modes, settings, _callback(progress, task),
-                                 with_llama_cpp=not args.no_llama_cpp)
+                                 with_llama_cpp=not args.no_llama_cpp, repeats=args.repeats)
     console.print(format_quant(result), highlight=False, markup=False)
     if args.out:
         write_json(Path(args.out), {"machine": describe_machine(), **result})
@@ -352,6 +353,8 @@ def _add_quant(bench) -> None:
     p.add_argument("--ppl-tokens", type=int, default=4096)
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--no-llama-cpp", action="store_true")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="repetitions (rotated order, each mode in a fresh process); medians")
     p.add_argument("--out", default=None, help="write the results to this JSON file")
     p.set_defaults(func=cmd_quant)
 

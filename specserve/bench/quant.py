@@ -103,17 +103,44 @@ def _measure_llama_cpp(prompts: list[list[int]], settings: QuantSettings,
             "num_threads": settings.num_threads or os.cpu_count()}
 
 
+SPEEDS = ("tok_s_c1", "decode_tok_s_c1", "tok_s_batch")
+
+
+def _median_of(reps: list[dict]) -> dict:
+    """One row from repetitions of a mode: the median of each speed, the rest from the first
+    (deterministic), and every repetition's speeds kept."""
+    row = dict(reps[0])
+    for key in SPEEDS:
+        if key in row:
+            row[key] = statistics.median(r[key] for r in reps)
+    row["repetitions"] = [{k: r[k] for k in SPEEDS if k in r} for r in reps]
+    return row
+
+
 def run_quant_bench(modes: list[str], settings: QuantSettings, progress: Progress,
-                    with_llama_cpp: bool = True) -> dict:
+                    with_llama_cpp: bool = True, repeats: int = 1) -> dict:
+    """Each repetition runs every mode (and llama.cpp) in a fresh process, in an order rotated
+    by one per repetition, so that machine drift does not always favour the same mode."""
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise ValueError(f"unknown modes {unknown}; choose from {list(MODES)}")
-    rows = [run_isolated(_measure_mode, (m, settings), progress) for m in modes]
-    result = {"settings": vars(settings), "rows": rows, "llama_cpp": None}
-    if with_llama_cpp and llama_cpp_available():  # the very token ids our c=1 run used
-        result["llama_cpp"] = run_isolated(_measure_llama_cpp, (rows[0]["prompts_c1"], settings),
-                                           progress)
-    return result
+    names = modes + (["llama.cpp"] if with_llama_cpp and llama_cpp_available() else [])
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    prompts = None
+    for rep in range(repeats):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            if name != "llama.cpp":
+                row = run_isolated(_measure_mode, (name, settings), progress)
+                prompts = row["prompts_c1"]
+            else:  # the very token ids our c=1 runs use (the same in every mode)
+                if prompts is None:
+                    prompts = run_isolated(_measure_mode, (modes[0], settings),
+                                           progress)["prompts_c1"]
+                row = run_isolated(_measure_llama_cpp, (prompts, settings), progress)
+            runs[name].append(row)
+    return {"settings": vars(settings), "repeats": repeats,
+            "rows": [_median_of(runs[m]) for m in modes],
+            "llama_cpp": _median_of(runs["llama.cpp"]) if "llama.cpp" in runs else None}
 
 
 def format_quant(result: dict) -> str:
@@ -138,7 +165,8 @@ def format_quant(result: dict) -> str:
                      f"{'1.00x / 1.00x':>15}")
     else:
         lines.append("llama.cpp: not measured (pip install -e '.[peers]' adds llama-cpp-python)")
-    lines.append(f"{s['input_len']}-token prompts, {s['output_len']} output tokens; @1: "
+    lines.append(f"median of {result.get('repeats', 1)} repetition(s); "
+                 f"{s['input_len']}-token prompts, {s['output_len']} output tokens; @1: "
                  f"{s['num_sequential']} requests one after another (tok/s: output tokens over "
                  "wall time, prefill included; decode: 1 / median time per output token); "
                  "KV budget "
