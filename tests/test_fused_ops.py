@@ -75,17 +75,24 @@ def test_rope_write_kv(dtype, n):
     assert not cache.k[untouched].any() and not cache.v[untouched].any()
 
 
-def test_rope_write_kv_quantized_cache_takes_the_reference_path():
-    n = 4
-    qkv = torch.randn(n, (H + 2 * KVH) * D).bfloat16()
-    cos, sin = RotaryEmbedding(D, 64, 10000.0, torch.bfloat16).lookup(torch.arange(n))
-    cache = LayerKVCache(64, KVH, D, torch.int8, torch.bfloat16)
-    slots = torch.tensor([3, 9, 10, 40])
-    q = fused.rope_write_kv(qkv, cos, sin, slots, cache, H)
-    assert torch.equal(q, hf_rope(qkv.view(n, -1, D)[:, :H], cos[:, None], sin[:, None]))
-    k, v = cache.gather(slots)
-    torch.testing.assert_close(v, qkv.view(n, -1, D)[:, H + KVH:], rtol=0.02, atol=0.02)
-    assert k.abs().sum() > 0
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn])
+def test_rope_write_kv_into_8bit_pools(dtype, kv_dtype):
+    """The kernel quantizes k and v exactly as LayerKVCache.write does (same scales, same
+    values), after the same rotation."""
+    n = 40
+    g = torch.Generator().manual_seed(3)
+    qkv = (4 * torch.randn(n, (H + 2 * KVH) * D, generator=g)).to(dtype)
+    qkv[0, -D:] = 0  # an all-zero head: the scale's floor
+    cos, sin = RotaryEmbedding(D, 256, 10000.0, dtype).lookup(torch.arange(n) * 3)
+    slots = torch.randperm(128, generator=g)[:n]
+    fast, ref = (LayerKVCache(128, KVH, D, kv_dtype, dtype) for _ in range(2))
+    q = fused.rope_write_kv(qkv, cos, sin, slots, fast, H)
+    assert torch.equal(q, fused.rope_write_kv_ref(qkv, cos, sin, slots, ref, H))
+    for a, b in ((fast.k, ref.k), (fast.v, ref.v), (fast.k_scale, ref.k_scale),
+                 (fast.v_scale, ref.v_scale)):
+        assert torch.equal(a, b)
+    assert fast.k.any() and fast.v_scale.any()
 
 
 def test_rope_write_kv_refuses_a_slot_outside_the_cache():

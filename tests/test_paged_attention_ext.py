@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specserve.layers import paged_attention_ext as ext
+from specserve.layers.kv_cache import quantize_kv
 
 pytestmark = pytest.mark.skipif(not ext.available(), reason="paged attention extension unavailable")
 
@@ -114,6 +115,38 @@ def test_key_partitions(dtype, max_parts):
     # Two sequences, long contexts: few (sequence, kv head) items, so with 2+ threads the keys
     # are split into partitions (max_parts=1 forbids it) and the partial softmaxes merged.
     check([1500, 700], [1, 3], 8, 2, 64, dtype, seed=3, max_parts=max_parts)
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 80])  # vector path and generic loops
+def test_8bit_pools(kv_dtype, dtype, head_dim):
+    """int8 / fp8 pools with a bf16 scale per (slot, head), dequantized inside the kernel: the
+    same bound as an unquantized pool holding the dequantized values (value * scale is exact
+    in fp32)."""
+    ctx, q_lens = [1, 17, 100, 257, 40], [1, 1, 5, 1, 16]
+    q, kc, vc, bt, ts, tp = make_case(ctx, q_lens, 9, 3, head_dim, dtype, seed=11)
+    kq, ks = quantize_kv(kc.float(), kv_dtype)
+    vq, vs = quantize_kv(vc.float(), kv_dtype)
+    fmt = 1 if kv_dtype == torch.int8 else 2
+    # every byte value the writer can produce (fp8: all but the two NaN codes; subnormals too)
+    codes = torch.tensor([c for c in range(256) if c not in (0x7F, 0xFF)], dtype=torch.uint8)
+    first = int(bt[3, 0]) * 16 * kq[0].numel()  # a block sequence 3 (257 keys) reads
+    for pool in (kq, vq):
+        pool.view(torch.uint8).view(-1)[first:first + len(codes)] = codes
+    store = (lambda t: t) if fmt == 1 else (lambda t: t.view(torch.uint8))
+    scale = head_dim ** -0.5
+    out = ext.paged_attention_short(q, store(kq), store(vq), bt, ts, tp, 16, scale,
+                                    k_scale=ks, v_scale=vs, kv_format=fmt)
+    kd, vd = kq.double() * ks.double(), vq.double() * vs.double()
+    ref = reference(q, kd, vd, bt, ts, tp, 16, scale)
+    atol, rtol = TOL[dtype]
+    assert ((out.double() - ref).abs() - atol - rtol * ref.abs()).max().item() <= 0
+    with pytest.raises(RuntimeError, match="int8"):  # 8-bit pool without its format
+        ext.paged_attention_short(q, store(kq), store(vq), bt, ts, tp, 16, scale)
+    with pytest.raises(RuntimeError, match="scale"):
+        ext.paged_attention_short(q, store(kq), store(vq), bt, ts, tp, 16, scale,
+                                  kv_format=fmt)
 
 
 def test_threads_agree():

@@ -55,7 +55,14 @@ def test_8bit_kv_cache_doubles_blocks_and_runs(kv_dtype, bf16_reference):
     ratio = llm.get_stats()["kv_blocks_total"] / base.get_stats()["kv_blocks_total"]
     assert 1.9 < ratio <= 2.0  # bf16 scales cost 2 bytes per 64 values
     out = llm.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
-    assert out[:4] == bf16_reference[:4]
+    assert len(out) == 16
+    # Close to the bf16 pool: perplexity on the same text within 2% (measured -0.3% int8,
+    # +1.0% fp8 over 4096 tokens). Greedy tokens are no test here: this prompt has a near-tie
+    # (one bf16 ulp between the top two logits) at its fourth token that either pool may flip.
+    from specserve.bench.quality import perplexity, reference_text
+
+    text = base.engine.tokenize(reference_text())[:300]
+    assert abs(perplexity(llm.engine, text) / perplexity(base.engine, text) - 1) < 0.02
 
 
 @pytest.mark.parametrize("dtype, bound", [(torch.int8, 0.01), (torch.float8_e4m3fn, 0.04)])

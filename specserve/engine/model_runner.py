@@ -46,8 +46,10 @@ class ModelRunner:
         # One pool per layer, indexed by slot = block_id * block_size + offset.
         self.kv_caches = [LayerKVCache(num_slots, cfg.num_kv_heads, cfg.head_dim, kv_dtype,
                                        self.dtype, self.device) for _ in range(cfg.num_layers)]
-        # Short queries read the pool in place with the fused (CPU) kernel when it can.
-        self.use_kernel = (kv_dtype == self.dtype and kv_dtype in (torch.bfloat16, torch.float32)
+        # Short queries read the pool in place with the fused (CPU) kernel when it can: pools in
+        # the model's dtype, or 8-bit pools (dequantized inside the kernel).
+        self.use_kernel = (self.dtype in (torch.bfloat16, torch.float32)
+                           and kv_dtype in (self.dtype, torch.int8, torch.float8_e4m3fn)
                            and self.device.type == "cpu" and paged_attention_ext.available())
 
     @property

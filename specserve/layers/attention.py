@@ -4,9 +4,10 @@ Each layer's KV pool (kv_cache.py) is a flat array of slots; a sequence's keys l
 its block table names. Sequences are split into at most two groups:
 
 - short queries (decodes, speculative verification: a few tokens each) go to the fused C++ kernel
-  (paged_attention_ext.py), which reads K/V in place through the block tables;
-- long queries (prefill chunks), and every query when the kernel is unavailable or the pool is
-  8-bit, take the PyTorch path: gather each sequence's K/V through its block table with one
+  (paged_attention_ext.py), which reads K/V in place through the block tables (8-bit pools are
+  dequantized inside it);
+- long queries (prefill chunks), and every query when the kernel is unavailable, take the
+  PyTorch path: gather each sequence's K/V through its block table with one
   `index_select`, then two batched matmuls per group, padded to the group's longest query and
   context. (CPU SDPA is ~10x slower than this for short queries, measured; docs/performance.md.)
 
@@ -62,7 +63,8 @@ def paged_attention(
         if g.block_tables is not None:
             outs.append(paged_attention_ext.paged_attention_short(
                 qg, cache.k, cache.v, g.block_tables, g.token_seq, g.token_pos,
-                meta.block_size, scale))
+                meta.block_size, scale, k_scale=cache.k_scale, v_scale=cache.v_scale,
+                kv_format=cache.kernel_format))
             continue
         if g.query_gather is not None:
             qg = qg.index_select(0, g.query_gather)

@@ -16,6 +16,7 @@ from specserve.layers.kv_cache import LayerKVCache
 from specserve.layers.rotary import apply_rotary
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float32)
+_NO_SCALE = torch.empty(0, dtype=torch.bfloat16)
 
 
 def _kernel(x: torch.Tensor, w: torch.Tensor | None = None):
@@ -61,12 +62,20 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor,
 def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                   slots: torch.Tensor, cache: LayerKVCache, num_heads: int) -> torch.Tensor:
     """qkv [n, (H + 2 KVH) * D], cos / sin [n, D]: rotate q and k, write k and v into the cache
-    at `slots`, return q [n, H, D]."""
-    n, kvh, d = qkv.shape[0], cache.k.shape[1], cache.k.shape[2]
+    at `slots` (quantized as `LayerKVCache.write` does for an 8-bit pool), return q [n, H, D]."""
     ext = _kernel(qkv)
-    if (ext is not None and not cache.quantized and cache.k.dtype == qkv.dtype
-            and slots.dtype == torch.long):
-        return ext.rope_write_kv(qkv, cos, sin, slots, cache.k, cache.v, num_heads)
+    if (ext is not None and slots.dtype == torch.long
+            and (cache.quantized or cache.k.dtype == qkv.dtype)):
+        return ext.rope_write_kv(qkv, cos, sin, slots, cache.k, cache.v, num_heads,
+                                 _NO_SCALE if cache.k_scale is None else cache.k_scale,
+                                 _NO_SCALE if cache.v_scale is None else cache.v_scale,
+                                 cache.kernel_format)
+    return rope_write_kv_ref(qkv, cos, sin, slots, cache, num_heads)
+
+
+def rope_write_kv_ref(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      slots: torch.Tensor, cache: LayerKVCache, num_heads: int) -> torch.Tensor:
+    n, kvh, d = qkv.shape[0], cache.k.shape[1], cache.k.shape[2]
     heads = qkv.view(n, num_heads + 2 * kvh, d)
     qk = apply_rotary(heads[:, : num_heads + kvh], cos.view(n, 1, d), sin.view(n, 1, d))
     q, k = qk.split([num_heads, kvh], dim=1)

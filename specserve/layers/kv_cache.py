@@ -50,6 +50,9 @@ class LayerKVCache:
         self.k = torch.zeros(shape, dtype=self.storage_dtype, device=device)
         self.v = torch.zeros(shape, dtype=self.storage_dtype, device=device)
         self.quantized = dtype in _QMAX
+        # How the fused attention kernel reads this pool: 0 in the model dtype, 1 int8, 2 fp8.
+        self.kernel_format = {torch.int8: 1, torch.float8_e4m3fn: 2}.get(dtype, 0)
+        self.k_scale = self.v_scale = None
         if self.quantized:
             self.k_scale = torch.zeros(num_slots, num_kv_heads, 1, dtype=torch.bfloat16,
                                        device=device)

@@ -183,13 +183,18 @@ def paged_attention_short(
     scale: float,
     *,
     max_parts: int = 0,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    kv_format: int = 0,
 ) -> torch.Tensor:
     """Causal attention of a few query tokens per sequence over the paged KV cache.
 
     q: [num_tokens, num_heads, head_dim] bf16/fp32; k_cache, v_cache: [num_slots, num_kv_heads,
-    head_dim] of q's dtype; block_tables: [num_seqs, max_blocks] int32 contiguous; token_seq,
-    token_pos: [num_tokens] int32 (row of block_tables; absolute position; the token attends to keys
-    0..token_pos inclusive, its own K/V already in the cache). Slot of position p of sequence s:
+    head_dim] of q's dtype, or 8-bit (kv_format 1: int8, 2: fp8 e4m3 stored as uint8) with
+    k_scale, v_scale [num_slots, num_kv_heads(, 1)] bf16 (cached value = value * scale);
+    block_tables: [num_seqs, max_blocks] int32 contiguous; token_seq, token_pos: [num_tokens]
+    int32 (row of block_tables; absolute position; the token attends to keys 0..token_pos
+    inclusive, its own K/V already in the cache). Slot of position p of sequence s:
     block_tables[s, p // block_size] * block_size + p % block_size. GQA: head h reads KV head
     h // (num_heads // num_kv_heads). Returns [num_tokens, num_heads * head_dim] in q's dtype.
 
@@ -204,5 +209,10 @@ def paged_attention_short(
         raise RuntimeError("fused paged attention kernel is not available")
     # No conversions here: this runs once per layer per step, and the kernel checks dtypes and
     # layouts itself (metadata must already be int32).
-    return module.paged_attention_short(q.contiguous(), k_cache, v_cache, block_tables,
-                                        token_seq, token_pos, block_size, scale, max_parts)
+    return module.paged_attention_short(
+        q.contiguous(), k_cache, v_cache, block_tables, token_seq, token_pos, block_size, scale,
+        max_parts, _NO_SCALE if k_scale is None else k_scale,
+        _NO_SCALE if v_scale is None else v_scale, kv_format)
+
+
+_NO_SCALE = torch.empty(0, dtype=torch.bfloat16)

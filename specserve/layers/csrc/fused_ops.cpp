@@ -23,12 +23,16 @@
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/silu.h>
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 
 namespace {
 
@@ -97,21 +101,82 @@ void rope_head(const T* __restrict x, const T* __restrict cos, const T* __restri
   }
 }
 
-template <typename T>
+// One head's row into an 8-bit pool, as kv_cache.quantize_kv does it: scale = bf16(max(amax /
+// qmax, 1e-12)), value = round-half-even(x / scale) clamped (int8) or x / scale to e4m3 (fp8).
+template <typename T, typename C>
+void quantize_head(const T* __restrict x, C* __restrict out, uint16_t* __restrict scale_out,
+                   int64_t D) {
+  constexpr bool kInt8 = std::is_same<C, int8_t>::value;
+  float amax = 0.f;
+  for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(f32(x[d])));
+  const c10::BFloat16 scale(std::max(amax / (kInt8 ? 127.f : 448.f), 1e-12f));
+  *scale_out = scale.x;
+  const float sf = static_cast<float>(scale);
+  for (int64_t d = 0; d < D; ++d) {
+    const float y = f32(x[d]) / sf;
+    if constexpr (kInt8) {
+      out[d] = static_cast<int8_t>(std::clamp(std::nearbyint(y), -127.f, 127.f));
+    } else {
+      out[d] = c10::Float8_e4m3fn(y).x;
+    }
+  }
+}
+
+// C: the pool's element type (T, or int8_t / uint8_t fp8 bytes with per-(slot, head) scales).
+template <typename T, typename C>
 void rope_write(const T* qkv, const T* cos, const T* sin, const int64_t* slots, T* q_out,
-                T* k_cache, T* v_cache, int64_t n, int64_t H, int64_t KVH, int64_t D) {
+                C* k_cache, C* v_cache, uint16_t* k_scale, uint16_t* v_scale, int64_t n,
+                int64_t H, int64_t KVH, int64_t D) {
+  constexpr bool kQuant = !std::is_same<C, T>::value;
   const int64_t row = (H + 2 * KVH) * D;
   at::parallel_for(0, n, grain_rows<T>(row), [&](int64_t b, int64_t e) {
+    std::vector<T> krot(kQuant ? D : 0);
     for (int64_t t = b; t < e; ++t) {
       const T* src = qkv + t * row;
       const T* c = cos + t * D;
       const T* s = sin + t * D;
       for (int64_t h = 0; h < H; ++h) rope_head<T>(src + h * D, c, s, q_out + (t * H + h) * D, D);
-      T* kdst = k_cache + slots[t] * KVH * D;
-      for (int64_t h = 0; h < KVH; ++h) rope_head<T>(src + (H + h) * D, c, s, kdst + h * D, D);
-      std::memcpy(v_cache + slots[t] * KVH * D, src + (H + KVH) * D, KVH * D * sizeof(T));
+      const int64_t base = slots[t] * KVH;  // (slot, head 0) row of the pool
+      if constexpr (kQuant) {
+        for (int64_t h = 0; h < KVH; ++h) {
+          rope_head<T>(src + (H + h) * D, c, s, krot.data(), D);
+          quantize_head<T, C>(krot.data(), k_cache + (base + h) * D, k_scale + base + h, D);
+          quantize_head<T, C>(src + (H + KVH + h) * D, v_cache + (base + h) * D,
+                              v_scale + base + h, D);
+        }
+      } else {
+        for (int64_t h = 0; h < KVH; ++h)
+          rope_head<T>(src + (H + h) * D, c, s, k_cache + (base + h) * D, D);
+        std::memcpy(v_cache + base * D, src + (H + KVH) * D, KVH * D * sizeof(T));
+      }
     }
   });
+}
+
+template <typename T>
+void rope_write_any(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                    const int64_t* sl, at::Tensor& q, at::Tensor& k_cache, at::Tensor& v_cache,
+                    at::Tensor& k_scale, at::Tensor& v_scale, int64_t kv_format, int64_t n,
+                    int64_t H, int64_t KVH, int64_t D) {
+  using S = typename std::conditional<std::is_same<T, float>::value, float, c10::BFloat16>::type;
+  const S* x = reinterpret_cast<const S*>(qkv.data_ptr());
+  const S* c = reinterpret_cast<const S*>(cos.data_ptr());
+  const S* s = reinterpret_cast<const S*>(sin.data_ptr());
+  S* qo = reinterpret_cast<S*>(q.data_ptr());
+  if (kv_format == 0) {
+    rope_write<S, S>(x, c, s, sl, qo, reinterpret_cast<S*>(k_cache.data_ptr()),
+                     reinterpret_cast<S*>(v_cache.data_ptr()), nullptr, nullptr, n, H, KVH, D);
+    return;
+  }
+  auto* ks = reinterpret_cast<uint16_t*>(k_scale.data_ptr());
+  auto* vs = reinterpret_cast<uint16_t*>(v_scale.data_ptr());
+  if (kv_format == 1) {
+    rope_write<S, int8_t>(x, c, s, sl, qo, reinterpret_cast<int8_t*>(k_cache.data_ptr()),
+                          reinterpret_cast<int8_t*>(v_cache.data_ptr()), ks, vs, n, H, KVH, D);
+  } else {
+    rope_write<S, uint8_t>(x, c, s, sl, qo, reinterpret_cast<uint8_t*>(k_cache.data_ptr()),
+                           reinterpret_cast<uint8_t*>(v_cache.data_ptr()), ks, vs, n, H, KVH, D);
+  }
 }
 
 }  // namespace
@@ -152,18 +217,31 @@ void add_rms_norm_(at::Tensor x, at::Tensor residual, at::Tensor w, double eps) 
 // qkv [n, (H + 2 KVH) * D] (q heads, then k heads, then v heads); cos, sin [n, D];
 // slots [n] int64; k_cache, v_cache [num_slots, KVH, D]. Writes rotated k and raw v into the
 // cache rows `slots` and returns rotated q [n, H, D]; qkv is not modified.
+// kv_format 0: pools in qkv's dtype; 1: int8, 2: fp8 e4m3 bytes (uint8), quantized per
+// (token, head) with bf16 scales written to k_scale / v_scale [num_slots, KVH(, 1)].
 at::Tensor rope_write_kv(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Tensor slots,
-                         at::Tensor k_cache, at::Tensor v_cache, int64_t num_heads) {
+                         at::Tensor k_cache, at::Tensor v_cache, int64_t num_heads,
+                         at::Tensor k_scale, at::Tensor v_scale, int64_t kv_format) {
   TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && qkv.device().is_cpu(),
               "rope_write_kv: qkv must be a contiguous 2-D CPU tensor");
   TORCH_CHECK(qkv.scalar_type() == at::kFloat || qkv.scalar_type() == at::kBFloat16,
               "rope_write_kv: float32 or bfloat16 only");
+  TORCH_CHECK(kv_format >= 0 && kv_format <= 2, "rope_write_kv: kv_format must be 0, 1 or 2");
+  const at::ScalarType pool = kv_format == 0   ? qkv.scalar_type()
+                              : kv_format == 1 ? at::kChar
+                                               : at::kByte;
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  k_cache.scalar_type() == qkv.scalar_type() &&
-                  v_cache.scalar_type() == qkv.scalar_type(),
+                  k_cache.scalar_type() == pool && v_cache.scalar_type() == pool,
               "rope_write_kv: caches must be contiguous [num_slots, num_kv_heads, head_dim] in "
-              "qkv's dtype");
+              "qkv's dtype (kv_format 0), int8 (1) or uint8 fp8 bytes (2)");
+  if (kv_format != 0) {
+    TORCH_CHECK(k_scale.scalar_type() == at::kBFloat16 && v_scale.scalar_type() == at::kBFloat16 &&
+                    k_scale.is_contiguous() && v_scale.is_contiguous() &&
+                    k_scale.numel() == k_cache.size(0) * k_cache.size(1) &&
+                    v_scale.numel() == k_scale.numel(),
+                "rope_write_kv: 8-bit pools need contiguous bf16 scales, one per (slot, head)");
+  }
   const int64_t n = qkv.size(0), KVH = k_cache.size(1), D = k_cache.size(2), H = num_heads;
   TORCH_CHECK(D % 2 == 0 && qkv.size(1) == (H + 2 * KVH) * D,
               "rope_write_kv: qkv width does not match the heads");
@@ -178,13 +256,11 @@ at::Tensor rope_write_kv(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Ten
     TORCH_CHECK(sl[t] >= 0 && sl[t] < k_cache.size(0), "rope_write_kv: slot out of range");
   auto q = at::empty({n, H, D}, qkv.options());
   if (qkv.scalar_type() == at::kFloat) {
-    rope_write<float>(qkv.data_ptr<float>(), cos.data_ptr<float>(), sin.data_ptr<float>(), sl,
-                      q.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
-                      n, H, KVH, D);
+    rope_write_any<float>(qkv, cos, sin, sl, q, k_cache, v_cache, k_scale, v_scale, kv_format, n,
+                          H, KVH, D);
   } else {
-    using B = c10::BFloat16;
-    rope_write<B>(qkv.data_ptr<B>(), cos.data_ptr<B>(), sin.data_ptr<B>(), sl, q.data_ptr<B>(),
-                  k_cache.data_ptr<B>(), v_cache.data_ptr<B>(), n, H, KVH, D);
+    rope_write_any<c10::BFloat16>(qkv, cos, sin, sl, q, k_cache, v_cache, k_scale, v_scale,
+                                  kv_format, n, H, KVH, D);
   }
   return q;
 }

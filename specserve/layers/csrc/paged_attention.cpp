@@ -174,6 +174,28 @@ inline void widen_row(const S* src, float* dst, int64_t D) {
   }
 }
 
+// 8-bit KV pools: int8 values or fp8 e4m3 bytes with one bf16 scale per (slot, KV head);
+// a row is widened to fp32 and scaled once per tile, then used like a widened bf16 row.
+inline void widen_scaled(const int8_t* __restrict src, float scale, float* __restrict dst,
+                         int64_t D) {
+  for (int64_t d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+}
+// fp8 e4m3fn bytes by bit moves that vectorise (a 256-entry table lookup became a gather and
+// made fp8 pools ~20% slower than int8 at batch 32): the 7 magnitude bits shifted into an fp32's
+// exponent and mantissa give 2^-120 times the value, subnormals included (they land on fp32
+// subnormals, which the multiply by 2^120 makes exact normals again); the sign moves to bit 31.
+// Codes 0x7f / 0xff (NaN) read as +-480: the writer never produces them (it saturates at 448).
+inline void widen_scaled(const uint8_t* __restrict src, float scale, float* __restrict dst,
+                         int64_t D) {
+  for (int64_t d = 0; d < D; ++d) {
+    const uint32_t b = src[d];
+    const uint32_t bits = ((b & 0x7fu) << 20) | ((b & 0x80u) << 24);
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    dst[d] = f * 0x1p120f * scale;
+  }
+}
+
 // acc[r0 .. r0+NR) = acc * alpha + P V over the n keys of a tile (head_dim 16 * NC), V read in
 // place (bf16 widened in registers). NR rows at once share each V load; with few accumulators,
 // even and odd keys go to separate sets so that the FMA latency is hidden.
@@ -250,6 +272,8 @@ struct Params {
   const void* v_cache;
   const int32_t* block_tables;
   const int32_t* token_pos;
+  const uint16_t* k_scale;  // [num_slots, KVH] bf16 bits (8-bit pools only)
+  const uint16_t* v_scale;
   void* out;           // [T, H, D] in q's dtype (used when there is a single partition)
   float* part_out;     // [T, H, P, D] fp32 (partial numerators, already divided by l)
   float* part_ml;      // [T, H, P, 2]: (max, sum) in log2 units
@@ -292,16 +316,20 @@ struct Scratch {
 
 // One KV head of one tile: scores, online softmax, P V for that head's R rows.
 // NC > 0: head_dim = 16 * NC with explicit 16-lane vectors; NC == 0: any head_dim, plain loops.
-template <typename T, int NC>
-inline void tile_head(Scratch& sc, const typename Elem<T>::storage* __restrict kc,
-                      const typename Elem<T>::storage* __restrict vc, int64_t head_off,
+// C: the pool's element type (T's storage, or int8_t / uint8_t (fp8) for 8-bit pools, whose
+// per-(slot, head) scales are ksc / vsc).
+template <typename T, int NC, typename C>
+inline void tile_head(Scratch& sc, const C* __restrict kc, const C* __restrict vc,
+                      const uint16_t* __restrict ksc, const uint16_t* __restrict vsc,
+                      int64_t head_off,
                       int64_t D, int64_t j0, int n, int64_t R, const float* __restrict qf,
                       const uint16_t* __restrict qb, float qscale, float* __restrict acc,
                       float* __restrict sbuf, float* __restrict mrow, float* __restrict lrow,
                       float* __restrict alpha, const int32_t* __restrict lim) {
   using S = typename Elem<T>::storage;
+  constexpr bool kQuant = sizeof(C) == 1;
   constexpr bool kWiden = !std::is_same<T, float>::value;
-  constexpr bool kDp = kWiden && kHaveDpBf16 && NC > 0 && NC % 2 == 0;
+  constexpr bool kDp = !kQuant && kWiden && kHaveDpBf16 && NC > 0 && NC % 2 == 0;
   // K rows: read in place (fp32; bf16 with vdpbf16ps) or widened to fp32 once, shared by all R
   // rows. A short tile's padding rows point at zeros.
   if constexpr (kDp) {
@@ -310,13 +338,17 @@ inline void tile_head(Scratch& sc, const typename Elem<T>::storage* __restrict k
     for (int j = n; j < TILE; ++j) kr[j] = reinterpret_cast<const S*>(sc.zero.data());
   } else {
     for (int j = 0; j < n; ++j) {
-      const S* src = kc + sc.slot[j] + head_off;
-      if constexpr (kWiden) {
+      const int64_t e = sc.slot[j] + head_off;  // element offset; e / D = slot * KVH + head
+      if constexpr (kQuant) {
         float* dst = sc.kbuf.data() + j * D;
-        widen_row<NC>(src, dst, D);
+        widen_scaled(kc + e, bf16_bits_to_f32(ksc[e / D]), dst, D);
+        sc.krow[j] = dst;
+      } else if constexpr (kWiden) {
+        float* dst = sc.kbuf.data() + j * D;
+        widen_row<NC>(kc + e, dst, D);
         sc.krow[j] = dst;
       } else {
-        sc.krow[j] = src;
+        sc.krow[j] = kc + e;
       }
     }
     for (int j = n; j < TILE; ++j) sc.krow[j] = sc.zero.data();
@@ -370,7 +402,23 @@ inline void tile_head(Scratch& sc, const typename Elem<T>::storage* __restrict k
     mrow[r] = mx;
   }
   // acc = acc * alpha + P V.
-  if constexpr (NC > 0) {
+  if constexpr (kQuant && NC > 0) {  // widened, scaled V rows, then the fp32 P V blocks
+    const float** vr = reinterpret_cast<const float**>(sc.vrow.data());
+    for (int j = 0; j < n; ++j) {
+      const int64_t e = sc.slot[j] + head_off;
+      float* dst = sc.vbuf.data() + j * D;
+      widen_scaled(vc + e, bf16_bits_to_f32(vsc[e / D]), dst, D);
+      vr[j] = dst;
+    }
+    constexpr int RB = NC <= 4 ? 4 : 2;
+    int64_t r = 0;
+    for (; r + RB <= R; r += RB) pv_block<NC, RB>(acc, sbuf, alpha, r, n, vr);
+    if (R - r == 1) pv_block<NC, 1>(acc, sbuf, alpha, r, n, vr);
+    if constexpr (RB > 2) {
+      if (R - r == 2) pv_block<NC, 2>(acc, sbuf, alpha, r, n, vr);
+      if (R - r == 3) pv_block<NC, 3>(acc, sbuf, alpha, r, n, vr);
+    }
+  } else if constexpr (NC > 0) {
     const S** vr = reinterpret_cast<const S**>(sc.vrow.data());
     for (int j = 0; j < n; ++j) vr[j] = vc + sc.slot[j] + head_off;
     constexpr int RB = NC <= 4 ? 4 : 2;  // rows per block: 16 accumulator registers
@@ -383,13 +431,17 @@ inline void tile_head(Scratch& sc, const typename Elem<T>::storage* __restrict k
     }
   } else {
     for (int j = 0; j < n; ++j) {
-      const S* src = vc + sc.slot[j] + head_off;
-      if constexpr (kWiden) {
+      const int64_t e = sc.slot[j] + head_off;
+      if constexpr (kQuant) {
         float* dst = sc.vbuf.data() + j * D;
-        widen_row<NC>(src, dst, D);
+        widen_scaled(vc + e, bf16_bits_to_f32(vsc[e / D]), dst, D);
+        sc.vrow[j] = dst;
+      } else if constexpr (kWiden) {
+        float* dst = sc.vbuf.data() + j * D;
+        widen_row<NC>(vc + e, dst, D);
         sc.vrow[j] = dst;
       } else {
-        sc.vrow[j] = src;
+        sc.vrow[j] = vc + e;
       }
     }
     for (int64_t r = 0; r < R; ++r) {
@@ -407,7 +459,7 @@ inline void tile_head(Scratch& sc, const typename Elem<T>::storage* __restrict k
 }
 
 // One work item: all heads of a run of query tokens over the keys [it.k0, it.k1).
-template <typename T, int NC>
+template <typename T, int NC, typename C>
 void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
   using S = typename Elem<T>::storage;
   const int64_t D = NC > 0 ? 16 * NC : p.head_dim;
@@ -442,12 +494,12 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
   }
   std::fill(acc, acc + R * D, 0.0f);
 
-  const S* __restrict kc = static_cast<const S*>(p.k_cache);
-  const S* __restrict vc = static_cast<const S*>(p.v_cache);
+  const C* __restrict kc = static_cast<const C*>(p.k_cache);
+  const C* __restrict vc = static_cast<const C*>(p.v_cache);
   const int32_t* table = p.block_tables + static_cast<int64_t>(run.seq) * p.max_blocks;
   const int64_t bs = p.block_size;
   const int64_t slot_elems = KVH * D;  // K (or V) of one slot, all KV heads: contiguous
-  const int64_t slot_bytes = slot_elems * static_cast<int64_t>(sizeof(S));
+  const int64_t slot_bytes = slot_elems * static_cast<int64_t>(sizeof(C));
   const int64_t kend = std::min<int64_t>(it.k1, run.max_len);
 
   // Element offsets of the slots of keys [j0, j0 + n) (one division per tile, not per key).
@@ -489,7 +541,7 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
     prefetch_until(j0 + TILE + PREFETCH_KEYS);
     for (int64_t kvh = 0; kvh < KVH; ++kvh) {
       const int64_t r0 = kvh * RG;
-      tile_head<T, NC>(sc, kc, vc, kvh * D, D, j0, n, RG, qf + r0 * D, qb + r0 * D, p.qscale,
+      tile_head<T, NC, C>(sc, kc, vc, p.k_scale, p.v_scale, kvh * D, D, j0, n, RG, qf + r0 * D, qb + r0 * D, p.qscale,
                        acc + r0 * D, sbuf + r0 * TILE, mrow + r0, lrow + r0, alpha + r0,
                        lim + r0);
     }
@@ -547,7 +599,7 @@ void merge_parts(const Params& p, int64_t num_tokens) {
   });
 }
 
-template <typename T, int NC>
+template <typename T, int NC, typename C>
 void launch(const Params& p, const std::vector<Run>& runs, const std::vector<Item>& items,
             int64_t num_tokens) {
   const int64_t D = p.head_dim;
@@ -581,19 +633,32 @@ void launch(const Params& p, const std::vector<Run>& runs, const std::vector<Ite
       const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
       if (i >= n_items) break;
       const Item& it = items[i];
-      run_item<T, NC>(p, runs[it.run], it, sc);
+      run_item<T, NC, C>(p, runs[it.run], it, sc);
     }
   });
   if (p.num_parts > 1) merge_parts<T>(p, num_tokens);
 }
 
-template <typename T>
+template <typename T, typename C>
 void dispatch_dim(const Params& p, const std::vector<Run>& runs, const std::vector<Item>& items,
                   int64_t num_tokens) {
   switch (p.head_dim) {
-    case 64: launch<T, 4>(p, runs, items, num_tokens); break;
-    case 128: launch<T, 8>(p, runs, items, num_tokens); break;
-    default: launch<T, 0>(p, runs, items, num_tokens); break;
+    case 64: launch<T, 4, C>(p, runs, items, num_tokens); break;
+    case 128: launch<T, 8, C>(p, runs, items, num_tokens); break;
+    default: launch<T, 0, C>(p, runs, items, num_tokens); break;
+  }
+}
+
+// The pool's element type: q's own (kv_format 0), int8 (1) or fp8 e4m3 bytes (2).
+template <typename T>
+void dispatch_kv(const Params& p, int64_t kv_format, const std::vector<Run>& runs,
+                 const std::vector<Item>& items, int64_t num_tokens) {
+  if (kv_format == 1) {
+    dispatch_dim<T, int8_t>(p, runs, items, num_tokens);
+  } else if (kv_format == 2) {
+    dispatch_dim<T, uint8_t>(p, runs, items, num_tokens);
+  } else {
+    dispatch_dim<T, typename Elem<T>::storage>(p, runs, items, num_tokens);
   }
 }
 
@@ -602,19 +667,36 @@ void dispatch_dim(const Params& p, const std::vector<Run>& runs, const std::vect
 // q [T, H, D]; k_cache, v_cache [num_slots, KVH, D]; block_tables [B, max_blocks] int32;
 // token_seq, token_pos [T] int32. Returns [T, H * D] in q's dtype.
 // max_parts: upper bound on key partitions per run (0: choose automatically, 1: never split).
+// kv_format 0: the pools have q's dtype (k_scale / v_scale unused, may be empty); 1: int8 pools,
+// 2: fp8 e4m3 pools stored as uint8; then k_scale / v_scale are [num_slots, KVH(, 1)] bf16 and
+// a cached value is value * scale.
 at::Tensor paged_attention_short(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                     at::Tensor block_tables, at::Tensor token_seq,
                                     at::Tensor token_pos, int64_t block_size, double scale,
-                                    int64_t max_parts) {
+                                    int64_t max_parts, at::Tensor k_scale, at::Tensor v_scale,
+                                    int64_t kv_format) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3,
               "q, k_cache, v_cache must be 3-D");
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
               "CPU tensors only");
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
               "q must be float32 or bfloat16");
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() &&
-                  v_cache.scalar_type() == q.scalar_type(),
-              "k_cache / v_cache must have q's dtype");
+  TORCH_CHECK(kv_format >= 0 && kv_format <= 2, "kv_format must be 0, 1 or 2");
+  const at::ScalarType pool = kv_format == 0   ? q.scalar_type()
+                              : kv_format == 1 ? at::kChar
+                                               : at::kByte;
+  TORCH_CHECK(k_cache.scalar_type() == pool && v_cache.scalar_type() == pool,
+              kv_format == 0 ? "k_cache / v_cache must have q's dtype (8-bit pools: kv_format "
+                               "1 for int8, 2 for fp8 bytes)"
+                             : "8-bit k_cache / v_cache must be int8 (kv_format 1) or uint8 "
+                               "fp8 bytes (kv_format 2)");
+  if (kv_format != 0) {
+    TORCH_CHECK(k_scale.scalar_type() == at::kBFloat16 && v_scale.scalar_type() == at::kBFloat16 &&
+                    k_scale.is_contiguous() && v_scale.is_contiguous() &&
+                    k_scale.numel() == k_cache.size(0) * k_cache.size(1) &&
+                    v_scale.numel() == k_scale.numel(),
+                "8-bit pools need contiguous bf16 k_scale / v_scale, one per (slot, KV head)");
+  }
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "q, k_cache, v_cache must be contiguous");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache shapes differ");
@@ -706,6 +788,10 @@ at::Tensor paged_attention_short(at::Tensor q, at::Tensor k_cache, at::Tensor v_
   p.v_cache = v_cache.data_ptr();
   p.block_tables = bt;
   p.token_pos = pos_p;
+  if (kv_format != 0) {
+    p.k_scale = reinterpret_cast<const uint16_t*>(k_scale.data_ptr());
+    p.v_scale = reinterpret_cast<const uint16_t*>(v_scale.data_ptr());
+  }
   p.out = out.data_ptr();
   p.num_heads = H;
   p.num_kv_heads = KVH;
@@ -722,9 +808,9 @@ at::Tensor paged_attention_short(at::Tensor q, at::Tensor k_cache, at::Tensor v_
     p.part_ml = part_ml.data_ptr<float>();
   }
   if (q.scalar_type() == at::kFloat) {
-    dispatch_dim<float>(p, runs, items, T);
+    dispatch_kv<float>(p, kv_format, runs, items, T);
   } else {
-    dispatch_dim<c10::BFloat16>(p, runs, items, T);
+    dispatch_kv<c10::BFloat16>(p, kv_format, runs, items, T);
   }
   return out.view({T, H * D});
 }
