@@ -13,6 +13,7 @@ from specserve.layers import paged_attention_ext
 from specserve.layers.attention import AttentionMetadata, AttnGroup
 from specserve.layers.kv_cache import LayerKVCache
 from specserve.layers.kv_cache import kv_bytes_per_token as layer_kv_bytes
+from specserve.models.layer_loop import LayerLoop
 from specserve.models.llama import LlamaModel
 
 # Queries up to this long (decodes, speculative verification) share one attention group.
@@ -51,6 +52,9 @@ class ModelRunner:
         self.use_kernel = (self.dtype in (torch.bfloat16, torch.float32)
                            and kv_dtype in (self.dtype, torch.int8, torch.float8_e4m3fn)
                            and self.device.type == "cpu" and paged_attention_ext.available())
+        # Decode-shaped steps run the decoder layers in one C++ call when the model allows it.
+        self.layer_loop = (LayerLoop.build(model, self.kv_caches, self.block_size)
+                           if self.use_kernel else None)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -158,7 +162,11 @@ class ModelRunner:
         logits of the rows in logits_indices [n, vocab] fp32 on the host, where sampling runs
         (per-request seeded generators are host generators). model_inputs: what the model takes
         after the metadata (an EAGLE head's features)."""
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
-                            *model_inputs)
+        if self.layer_loop is not None and not model_inputs and \
+                self.layer_loop.accepts(inputs.meta):
+            hidden = self.layer_loop.forward(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
+                                *model_inputs)
         rows = hidden.index_select(0, logits_indices.to(self.device))
         return hidden, self.model.compute_logits(rows).cpu()

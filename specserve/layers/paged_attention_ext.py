@@ -2,7 +2,8 @@
 
 A C++ kernel (csrc/paged_attention.cpp) that reads K/V in place from the paged cache through the
 block tables, built once at run time together with the decoder's fused elementwise ops
-(csrc/fused_ops.cpp, used through layers/fused.py) with `torch.utils.cpp_extension.load_inline`
+(csrc/fused_ops.cpp, used through layers/fused.py) and the C++ layer loop (csrc/layer_loop.cpp,
+models/layer_loop.py) with `torch.utils.cpp_extension.load_inline`
 (needs a C++ compiler and ninja). The build goes to `$SPECSERVE_CACHE/torch_extensions/<name>`
 (default `~/.cache/specserve/torch_extensions/<name>`); `<name>` hashes the sources, the compiler
 flags, the compiler, torch and Python versions and the CPU (vendor, family/model/stepping, model
@@ -30,10 +31,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-_SOURCE_PATHS = [Path(__file__).with_name("csrc") / f for f in ("paged_attention.cpp",
-                                                                 "fused_ops.cpp")]
+_SOURCE_PATHS = [Path(__file__).with_name("csrc") / f
+                 for f in ("paged_attention.cpp", "fused_ops.cpp", "layer_loop.cpp")]
 _FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm_", "rope_write_kv",
-              "silu_and_mul"]
+              "silu_and_mul", "register_layer_plan", "free_layer_plan", "run_layer_plan"]
 _CFLAGS = [
     "-O3",
     "-march=native",

@@ -670,11 +670,13 @@ void dispatch_kv(const Params& p, int64_t kv_format, const std::vector<Run>& run
 // kv_format 0: the pools have q's dtype (k_scale / v_scale unused, may be empty); 1: int8 pools,
 // 2: fp8 e4m3 pools stored as uint8; then k_scale / v_scale are [num_slots, KVH(, 1)] bf16 and
 // a cached value is value * scale.
-at::Tensor paged_attention_short(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
-                                    at::Tensor block_tables, at::Tensor token_seq,
-                                    at::Tensor token_pos, int64_t block_size, double scale,
-                                    int64_t max_parts, at::Tensor k_scale, at::Tensor v_scale,
-                                    int64_t kv_format) {
+// The kernel without the GIL handling (the decoder layer loop calls it with the GIL released).
+at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
+                                const at::Tensor& v_cache, const at::Tensor& block_tables,
+                                const at::Tensor& token_seq, const at::Tensor& token_pos,
+                                int64_t block_size, double scale, int64_t max_parts,
+                                const at::Tensor& k_scale, const at::Tensor& v_scale,
+                                int64_t kv_format) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3,
               "q, k_cache, v_cache must be 3-D");
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu(),
@@ -712,8 +714,6 @@ at::Tensor paged_attention_short(at::Tensor q, at::Tensor k_cache, at::Tensor v_
   TORCH_CHECK(token_seq.numel() == T && token_pos.numel() == T,
               "token_seq / token_pos must have one entry per query token");
   TORCH_CHECK(block_size > 0, "block_size must be positive");
-  // Let other Python threads (e.g. a server's event loop) run during the kernel.
-  pybind11::gil_scoped_release no_gil;
   auto tseq = token_seq.contiguous();
   auto tpos = token_pos.contiguous();
   auto out = at::empty({T, H, D}, q.options());
@@ -813,4 +813,15 @@ at::Tensor paged_attention_short(at::Tensor q, at::Tensor k_cache, at::Tensor v_
     dispatch_kv<c10::BFloat16>(p, kv_format, runs, items, T);
   }
   return out.view({T, H * D});
+}
+
+at::Tensor paged_attention_short(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                 at::Tensor block_tables, at::Tensor token_seq,
+                                 at::Tensor token_pos, int64_t block_size, double scale,
+                                 int64_t max_parts, at::Tensor k_scale, at::Tensor v_scale,
+                                 int64_t kv_format) {
+  // Let other Python threads (e.g. a server's event loop) run during the kernel.
+  pybind11::gil_scoped_release no_gil;
+  return paged_attention_impl(q, k_cache, v_cache, block_tables, token_seq, token_pos, block_size,
+                              scale, max_parts, k_scale, v_scale, kv_format);
 }
