@@ -16,7 +16,6 @@ from specserve.layers.kv_cache import LayerKVCache
 from specserve.layers.rotary import apply_rotary
 
 _KERNEL_DTYPES = (torch.bfloat16, torch.float32)
-_NO_SCALE = torch.empty(0, dtype=torch.bfloat16)
 
 
 def _kernel(x: torch.Tensor, w: torch.Tensor | None = None):
@@ -67,9 +66,7 @@ def rope_write_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     if (ext is not None and slots.dtype == torch.long
             and (cache.quantized or cache.k.dtype == qkv.dtype)):
         return ext.rope_write_kv(qkv, cos, sin, slots, cache.k, cache.v, num_heads,
-                                 _NO_SCALE if cache.k_scale is None else cache.k_scale,
-                                 _NO_SCALE if cache.v_scale is None else cache.v_scale,
-                                 cache.kernel_format)
+                                 cache.k_scale, cache.v_scale, cache.kernel_format)
     return rope_write_kv_ref(qkv, cos, sin, slots, cache, num_heads)
 
 

@@ -52,7 +52,8 @@ class LayerKVCache:
         self.quantized = dtype in _QMAX
         # How the fused attention kernel reads this pool: 0 in the model dtype, 1 int8, 2 fp8.
         self.kernel_format = {torch.int8: 1, torch.float8_e4m3fn: 2}.get(dtype, 0)
-        self.k_scale = self.v_scale = None
+        # Per (slot, head) bf16 scales of an 8-bit pool; empty otherwise (the kernels' "none").
+        self.k_scale = self.v_scale = torch.empty(0, dtype=torch.bfloat16, device=device)
         if self.quantized:
             self.k_scale = torch.zeros(num_slots, num_kv_heads, 1, dtype=torch.bfloat16,
                                        device=device)

@@ -216,4 +216,4 @@ def paged_attention_short(
         _NO_SCALE if v_scale is None else v_scale, kv_format)
 
 
-_NO_SCALE = torch.empty(0, dtype=torch.bfloat16)
+_NO_SCALE = torch.empty(0, dtype=torch.bfloat16)  # the kernel's "no scales" (unquantized pools)

@@ -54,10 +54,11 @@ class LayerLoop:
     def build(cls, model: nn.Module, kv_caches: list[LayerKVCache],
               block_size: int) -> LayerLoop | None:
         ext = paged_attention_ext.module()
-        dtype = model.embed_tokens.weight.dtype if isinstance(model, LlamaModel) else None
-        if (ext is None or type(model) is not LlamaModel
-                or model.embed_tokens.weight.device.type != "cpu"
-                or dtype not in (torch.bfloat16, torch.float32)):
+        if ext is None or type(model) is not LlamaModel:
+            return None
+        dtype = model.embed_tokens.weight.dtype
+        if model.embed_tokens.weight.device.type != "cpu" or dtype not in (torch.bfloat16,
+                                                                          torch.float32):
             return None
         cache_format = {c.kernel_format for c in kv_caches}
         if len(cache_format) != 1 or any(not c.quantized and c.k.dtype != dtype
@@ -74,9 +75,7 @@ class LayerLoop:
             for ts, ks in linears:
                 tensors += [t.detach() for t in ts]
                 ints += ks
-            tensors += [cache.k, cache.v,
-                        _EMPTY if cache.k_scale is None else cache.k_scale,
-                        _EMPTY if cache.v_scale is None else cache.v_scale]
+            tensors += [cache.k, cache.v, cache.k_scale, cache.v_scale]
         cfg = model.cfg
         attn = model.layers[0].attn
         plan_id = ext.register_layer_plan(tensors, ints, cfg.num_heads, cache_format.pop(),

@@ -226,22 +226,11 @@ at::Tensor rope_write_kv(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Ten
               "rope_write_kv: qkv must be a contiguous 2-D CPU tensor");
   TORCH_CHECK(qkv.scalar_type() == at::kFloat || qkv.scalar_type() == at::kBFloat16,
               "rope_write_kv: float32 or bfloat16 only");
-  TORCH_CHECK(kv_format >= 0 && kv_format <= 2, "rope_write_kv: kv_format must be 0, 1 or 2");
-  const at::ScalarType pool = kv_format == 0   ? qkv.scalar_type()
-                              : kv_format == 1 ? at::kChar
-                                               : at::kByte;
   TORCH_CHECK(k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  k_cache.scalar_type() == pool && v_cache.scalar_type() == pool,
-              "rope_write_kv: caches must be contiguous [num_slots, num_kv_heads, head_dim] in "
-              "qkv's dtype (kv_format 0), int8 (1) or uint8 fp8 bytes (2)");
-  if (kv_format != 0) {
-    TORCH_CHECK(k_scale.scalar_type() == at::kBFloat16 && v_scale.scalar_type() == at::kBFloat16 &&
-                    k_scale.is_contiguous() && v_scale.is_contiguous() &&
-                    k_scale.numel() == k_cache.size(0) * k_cache.size(1) &&
-                    v_scale.numel() == k_scale.numel(),
-                "rope_write_kv: 8-bit pools need contiguous bf16 scales, one per (slot, head)");
-  }
+                  k_cache.is_contiguous() && v_cache.is_contiguous(),
+              "rope_write_kv: caches must be contiguous [num_slots, num_kv_heads, head_dim]");
+  check_kv_pool("rope_write_kv", qkv.scalar_type(), k_cache, v_cache, k_scale, v_scale,
+                kv_format);
   const int64_t n = qkv.size(0), KVH = k_cache.size(1), D = k_cache.size(2), H = num_heads;
   TORCH_CHECK(D % 2 == 0 && qkv.size(1) == (H + 2 * KVH) * D,
               "rope_write_kv: qkv width does not match the heads");

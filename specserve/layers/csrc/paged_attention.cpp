@@ -238,6 +238,22 @@ inline void pv_block(float* __restrict acc, const float* __restrict sbuf,
     }
 }
 
+// All R rows of a head: pv_block over blocks of rows sharing each V load (16 accumulator
+// registers), then the remainder. V: the rows' element type (bf16 / fp32 in place, or fp32
+// widened from an 8-bit pool).
+template <int NC, typename V>
+inline void pv_rows(float* __restrict acc, const float* __restrict sbuf,
+                    const float* __restrict alpha, int64_t R, int n, const V* const* vr) {
+  constexpr int RB = NC <= 4 ? 4 : 2;
+  int64_t r = 0;
+  for (; r + RB <= R; r += RB) pv_block<NC, RB>(acc, sbuf, alpha, r, n, vr);
+  if (R - r == 1) pv_block<NC, 1>(acc, sbuf, alpha, r, n, vr);
+  if constexpr (RB > 2) {
+    if (R - r == 2) pv_block<NC, 2>(acc, sbuf, alpha, r, n, vr);
+    if (R - r == 3) pv_block<NC, 3>(acc, sbuf, alpha, r, n, vr);
+  }
+}
+
 static_assert(TILE == 32, "hmax_tile and the 16-key score groups assume 32-key tiles");
 inline float hmax_tile(const float* s) {  // max of TILE (= 32) floats
   v16f m = vmax(load16(s), load16(s + 16));
@@ -410,25 +426,11 @@ inline void tile_head(Scratch& sc, const C* __restrict kc, const C* __restrict v
       widen_scaled(vc + e, bf16_bits_to_f32(vsc[e / D]), dst, D);
       vr[j] = dst;
     }
-    constexpr int RB = NC <= 4 ? 4 : 2;
-    int64_t r = 0;
-    for (; r + RB <= R; r += RB) pv_block<NC, RB>(acc, sbuf, alpha, r, n, vr);
-    if (R - r == 1) pv_block<NC, 1>(acc, sbuf, alpha, r, n, vr);
-    if constexpr (RB > 2) {
-      if (R - r == 2) pv_block<NC, 2>(acc, sbuf, alpha, r, n, vr);
-      if (R - r == 3) pv_block<NC, 3>(acc, sbuf, alpha, r, n, vr);
-    }
+    pv_rows<NC>(acc, sbuf, alpha, R, n, vr);
   } else if constexpr (NC > 0) {
     const S** vr = reinterpret_cast<const S**>(sc.vrow.data());
     for (int j = 0; j < n; ++j) vr[j] = vc + sc.slot[j] + head_off;
-    constexpr int RB = NC <= 4 ? 4 : 2;  // rows per block: 16 accumulator registers
-    int64_t r = 0;
-    for (; r + RB <= R; r += RB) pv_block<NC, RB>(acc, sbuf, alpha, r, n, vr);
-    if (R - r == 1) pv_block<NC, 1>(acc, sbuf, alpha, r, n, vr);
-    if constexpr (RB > 2) {
-      if (R - r == 2) pv_block<NC, 2>(acc, sbuf, alpha, r, n, vr);
-      if (R - r == 3) pv_block<NC, 3>(acc, sbuf, alpha, r, n, vr);
-    }
+    pv_rows<NC>(acc, sbuf, alpha, R, n, vr);
   } else {
     for (int j = 0; j < n; ++j) {
       const int64_t e = sc.slot[j] + head_off;
@@ -664,6 +666,32 @@ void dispatch_kv(const Params& p, int64_t kv_format, const std::vector<Run>& run
 
 }  // namespace
 
+// The checks every kernel that reads or writes a KV pool shares (also used by fused_ops.cpp and
+// layer_loop.cpp, built into the same translation unit): the pools' element type for kv_format
+// (0: the model dtype, 1: int8, 2: fp8 e4m3 bytes as uint8) and, for 8-bit pools, one contiguous
+// bf16 scale per (slot, KV head). k_cache must be at least 2-D.
+void check_kv_pool(const char* fn, at::ScalarType model_dtype, const at::Tensor& k_cache,
+                   const at::Tensor& v_cache, const at::Tensor& k_scale,
+                   const at::Tensor& v_scale, int64_t kv_format) {
+  TORCH_CHECK(kv_format >= 0 && kv_format <= 2, fn, ": kv_format must be 0, 1 or 2");
+  const at::ScalarType pool = kv_format == 0   ? model_dtype
+                              : kv_format == 1 ? at::kChar
+                                               : at::kByte;
+  TORCH_CHECK(k_cache.scalar_type() == pool && v_cache.scalar_type() == pool, fn, ": ",
+              kv_format == 0 ? "k_cache / v_cache must have the model's dtype (8-bit pools: "
+                               "kv_format 1 for int8, 2 for fp8 bytes)"
+                             : "8-bit k_cache / v_cache must be int8 (kv_format 1) or uint8 "
+                               "fp8 bytes (kv_format 2)");
+  if (kv_format != 0) {
+    TORCH_CHECK(k_scale.scalar_type() == at::kBFloat16 && v_scale.scalar_type() == at::kBFloat16 &&
+                    k_scale.is_contiguous() && v_scale.is_contiguous() &&
+                    k_scale.numel() == k_cache.size(0) * k_cache.size(1) &&
+                    v_scale.numel() == k_scale.numel(),
+                fn, ": 8-bit pools need contiguous bf16 k_scale / v_scale, one per (slot, KV "
+                "head)");
+  }
+}
+
 // q [T, H, D]; k_cache, v_cache [num_slots, KVH, D]; block_tables [B, max_blocks] int32;
 // token_seq, token_pos [T] int32. Returns [T, H * D] in q's dtype.
 // max_parts: upper bound on key partitions per run (0: choose automatically, 1: never split).
@@ -683,22 +711,8 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
               "CPU tensors only");
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16,
               "q must be float32 or bfloat16");
-  TORCH_CHECK(kv_format >= 0 && kv_format <= 2, "kv_format must be 0, 1 or 2");
-  const at::ScalarType pool = kv_format == 0   ? q.scalar_type()
-                              : kv_format == 1 ? at::kChar
-                                               : at::kByte;
-  TORCH_CHECK(k_cache.scalar_type() == pool && v_cache.scalar_type() == pool,
-              kv_format == 0 ? "k_cache / v_cache must have q's dtype (8-bit pools: kv_format "
-                               "1 for int8, 2 for fp8 bytes)"
-                             : "8-bit k_cache / v_cache must be int8 (kv_format 1) or uint8 "
-                               "fp8 bytes (kv_format 2)");
-  if (kv_format != 0) {
-    TORCH_CHECK(k_scale.scalar_type() == at::kBFloat16 && v_scale.scalar_type() == at::kBFloat16 &&
-                    k_scale.is_contiguous() && v_scale.is_contiguous() &&
-                    k_scale.numel() == k_cache.size(0) * k_cache.size(1) &&
-                    v_scale.numel() == k_scale.numel(),
-                "8-bit pools need contiguous bf16 k_scale / v_scale, one per (slot, KV head)");
-  }
+  check_kv_pool("paged_attention_short", q.scalar_type(), k_cache, v_cache, k_scale, v_scale,
+                kv_format);
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous(),
               "q, k_cache, v_cache must be contiguous");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache and v_cache shapes differ");
