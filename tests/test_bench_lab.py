@@ -184,16 +184,19 @@ def test_online_against_a_live_server(server, tmp_path, capsys):
     out = tmp_path / "online.json"
     main(["bench", "online", "--url", server.url, "--workload", "json", "--concurrency", "2",
           "--num-prompts", "4", "--max-tokens", "4", "--ignore-eos", "--out", str(out),
-          "--compare-offline", *TINY_ENGINE])
+          "--compare-offline", "--repeats", "2", *TINY_ENGINE])
     assert "online/offline" in capsys.readouterr().out
     (point,) = json.loads(out.read_text())["points"]
+    # Two runs a side, alternating; the median (lower middle) run of each is the one shown.
+    assert len(point["online_tok_s_runs"]) == len(point["offline_tok_s_runs"]) == 2
+    assert point["online"]["output_tok_s"] == min(point["online_tok_s_runs"])
     online, offline = point["online"], point["offline"]
     assert online["num_requests"] == 4 and online["model"] == "SmolLM2-135M-Instruct"
     # Exact counts from the usage chunk: 4 tokens each, whatever the chunking.
     assert [r["output_tokens"] for r in online["requests"]] == [4, 4, 4, 4]
     assert all(r["prompt_tokens"] > 0 for r in online["requests"])
-    # The server generated exactly those, plus the 4 of the warm-up request.
-    assert server.stats()["num_generated_tokens"] - before == 16 + 4
+    # The server generated exactly those, twice, plus the 4 of the warm-up request.
+    assert server.stats()["num_generated_tokens"] - before == 2 * 16 + 4
     assert online["output_tok_s"] == pytest.approx(16 / online["wall_s"])
     assert 0 < online["ttft_p50_ms"] <= online["ttft_p99_ms"] < 60_000
     assert 0 < online["tpot_p50_ms"] <= online["tpot_p99_ms"] < 60_000

@@ -140,3 +140,25 @@ def test_streaming_deltas_add_up(llm):
     final = llm.generate(["The capital of France is"],
                          SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
     assert chunks[-1].outputs[0].text == final.outputs[0].text
+
+
+def test_on_forward_runs_once_per_step_before_the_forward(llm):
+    """The server hands the previous step's outputs out from this hook: it must fire exactly
+    once per step, before the forward has changed any request, also on the layer-loop path
+    (decode-only steps) and when nothing is scheduled."""
+    engine = llm.engine
+    engine.add_request("The capital of France is",
+                       SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    seen: list[int] = []
+
+    def hook() -> None:
+        (req,) = engine.scheduler.running
+        seen.append(req.num_output_tokens)
+
+    steps = 0
+    while engine.has_unfinished_requests():
+        engine.step(on_forward=hook)
+        steps += 1
+    assert seen == [0, 1, 2, 3] and steps == 4  # prefill, then three decode steps
+    calls = []
+    assert engine.step(on_forward=lambda: calls.append(1)) == [] and calls == [1]

@@ -6,6 +6,7 @@ Only argparse is imported at the top: `specserve --help` must stay fast.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import time
 from dataclasses import asdict
@@ -253,11 +254,9 @@ def _add_sweep(bench) -> None:
 
 # ---- online -------------------------------------------------------------------------------------
 def cmd_online(args: argparse.Namespace) -> None:
-    import httpx
-
     from specserve.bench.lab import prepare_workload, run_workload, warm_up
     from specserve.bench.machine import describe_machine
-    from specserve.bench.online import OnlineError, run_online
+    from specserve.bench.online import CLIENT_ERRORS, OnlineError, run_online_point
     from specserve.bench.report import online_table, write_json
     from specserve.bench.workloads import load_workload
 
@@ -265,30 +264,52 @@ def cmd_online(args: argparse.Namespace) -> None:
     conc = _ints(args.concurrency)
     console = _console()
     console.print(f"online: {args.url} · {args.workload} · concurrency "
-                  f"{', '.join(map(str, conc))}")
-    try:
-        online = run_online(args.url, items, conc, args.num_prompts, model=args.served_model,
-                            api_key=args.api_key, max_tokens_cap=args.max_tokens,
-                            ignore_eos=args.ignore_eos, timeout=args.timeout)
-    except (OnlineError, httpx.HTTPError) as exc:  # a message, not a traceback
-        raise SystemExit(f"specserve: error: {args.url}: {exc}") from None
-    rows = [{"concurrency": c, "online": r} for c, r in zip(conc, online, strict=True)]
-    if args.compare_offline:
+                  f"{', '.join(map(str, conc))} · {args.repeats} run(s) each")
+    offline = None
+    if args.compare_offline:  # loaded first: its runs interleave with the online ones
         from specserve.cli import make_llm
 
         llm = make_llm(args)
         warm_up(llm.engine)
         wl = prepare_workload(llm.engine, args.workload, items, cap=args.max_tokens)
-        for row, r in zip(rows, online, strict=True):
+
+        def offline(c: int, n: int) -> dict:
             # The server never empties its prefix cache between points: neither do we.
-            row["offline"] = run_workload(llm.engine, wl, row["concurrency"], r["num_prompts"],
-                                          args.ignore_eos, reset_prefix_cache=False)
-    console.print(online_table(rows, f"specserve bench online — {online[0]['model']}"))
+            return run_workload(llm.engine, wl, c, n, args.ignore_eos, reset_prefix_cache=False)
+    rows = []
+    try:
+        for i, c in enumerate(conc):
+            n = args.num_prompts or max(2 * c, 8)
+            runs: dict[str, list[dict]] = {"online": [], "offline": []}
+            # Alternate online and offline runs so that drift in the machine's speed (shared,
+            # 2 cores) lands on both sides; the median run of each side is reported.
+            for r in range(args.repeats):
+                runs["online"].append(asyncio.run(run_online_point(
+                    args.url, items, c, n, model=args.served_model, api_key=args.api_key,
+                    max_tokens_cap=args.max_tokens, ignore_eos=args.ignore_eos,
+                    timeout=args.timeout, warm_up=i == 0 and r == 0)))
+                if offline is not None:
+                    runs["offline"].append(offline(c, n))
+            row = {"concurrency": c}
+            for side, results in runs.items():
+                if results:
+                    row[side] = _median_run(results)
+                    row[f"{side}_tok_s_runs"] = [x["output_tok_s"] for x in results]
+            rows.append(row)
+    except (OnlineError, *CLIENT_ERRORS) as exc:  # a message, not a traceback
+        raise SystemExit(f"specserve: error: {args.url}: {exc}") from None
+    console.print(online_table(rows, f"specserve bench online — {rows[0]['online']['model']}"))
     if args.out:
         path = Path(args.out)
         write_json(path, {"machine": describe_machine(url=args.url, workload=args.workload),
-                          "points": rows})
+                          "repeats": args.repeats, "points": rows})
         console.print(f"wrote {path}")
+
+
+def _median_run(results: list[dict]) -> dict:
+    """The run with the median output tok/s (the lower middle one for an even count)."""
+    ranked = sorted(results, key=lambda x: x["output_tok_s"])
+    return ranked[(len(ranked) - 1) // 2]
 
 
 def _add_online(bench) -> None:
@@ -311,6 +332,8 @@ def _add_online(bench) -> None:
     p.add_argument("--out", default=None, help="write the results to this JSON file")
     p.add_argument("--compare-offline", action="store_true",
                    help="also run the same points in-process with the engine flags below")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per point (online and offline alternating); the median is shown")
     add_engine_args(p)
     p.set_defaults(func=cmd_online)
 

@@ -209,6 +209,6 @@ def online_table(rows: Sequence[dict], title: str) -> Table:
                      if off and on["output_tok_s"] and off["output_tok_s"] else None)
             cols += [fmt(off["output_tok_s"], 1) if off else "—",
                      fmt(off["tpot_p50_ms"], 1) if off else "—",
-                     "—" if ratio is None else f"{ratio:.2f}"]
+                     "—" if ratio is None else f"{ratio:.3f}"]
         t.add_row(*cols)
     return t

@@ -1,20 +1,41 @@
 """Incremental detokenization, for stop strings and streaming.
 
 Decoding a single token alone is wrong for byte-level BPE (a character can span tokens) and for
-tokenizers that add a leading space; so we decode a short window before the new tokens and emit
-only the text that grew past it, holding back an incomplete UTF-8 character ("\ufffd").
+tokenizers that add a leading space. A fast (Rust) tokenizer has this solved in
+`tokenizers.decoders.DecodeStream`, which vLLM uses too: one call per token, ~0.5 µs, against
+~5 µs for two `decode` calls through transformers (a server streams every token, so this runs
+a thousand times a second on the engine thread). Other tokenizers, and those whose `decode`
+cleans up spaces (which a stream cannot reproduce), decode a short window before the new tokens
+and emit only the text that grew past it, holding back an incomplete UTF-8 character
+("\ufffd").
 """
 
 from __future__ import annotations
 
+from tokenizers.decoders import DecodeStream
+
 from specserve.engine.request import Request
 
-# How many tokens of left context to re-decode with each new token.
+# How many tokens of left context to re-decode with each new token (window fallback).
 _PREFIX_WINDOW = 5
 
 
 def detokenize_incrementally(tokenizer, req: Request) -> str:
     """Append the newly decodable text of req's output to req.output_text; return the delta."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return _detokenize_window(tokenizer, req)
+    if req.decode_stream is None:
+        req.decode_stream = DecodeStream(skip_special_tokens=req.params.skip_special_tokens)
+    ids = req.output_token_ids
+    pieces = [req.decode_stream.step(backend, t) for t in ids[req.read_offset:]]
+    req.read_offset = len(ids)
+    delta = "".join(p for p in pieces if p)
+    req.output_text += delta
+    return delta
+
+
+def _detokenize_window(tokenizer, req: Request) -> str:
     ids = req.output_token_ids
     skip = req.params.skip_special_tokens
     prefix_text = tokenizer.decode(ids[req.prefix_offset:req.read_offset],

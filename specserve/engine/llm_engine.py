@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -146,12 +147,10 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
-        return self.tokenizer(prompt, add_special_tokens=False).input_ids
+        return encode_prompt(self.tokenizer, prompt)
 
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=True)
-        return self.tokenize(text)
+        return encode_chat(self.tokenizer, messages)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, stream: bool = False) -> Request:
@@ -192,16 +191,23 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     # ---- the loop ---------------------------------------------------------------------------
-    def step(self) -> list[RequestOutput]:
+    def step(self, on_forward: Callable[[], None] | None = None) -> list[RequestOutput]:
         """One iteration: schedule, run one forward over the whole batch (prefill chunks, decodes
         and speculative verification mixed), sample or verify, update, propose for the next
-        step. Returns an output for every request that produced tokens or finished."""
+        step. Returns an output for every request that produced tokens or finished.
+        on_forward: called once the batch is prepared, just before the forward (or before
+        returning, if nothing was scheduled). A server hands the previous step's outputs to its
+        other threads there, so that their Python runs while the forward has released the GIL
+        instead of interleaving with this step's scheduling (vLLM V0's async output processing
+        overlaps the same way)."""
         t0 = time.perf_counter()
         sched = self.scheduler.schedule()
         self.stats.num_preemptions += len(sched.preempted)
         for req in sched.preempted:
             self._free_spec_state(req)
         if not sched.scheduled:
+            if on_forward is not None:
+                on_forward()
             return []
         inputs = self.runner.prepare(sched.scheduled)
         sampling: list[tuple[Request, int]] = []  # (request, draft tokens verified)
@@ -218,7 +224,8 @@ class LLMEngine:
                                                     - req.num_computed_tokens)
         t1 = time.perf_counter()
         hidden, logits = self.runner.execute(inputs,
-                                             torch.tensor(logits_indices, dtype=torch.long))
+                                             torch.tensor(logits_indices, dtype=torch.long),
+                                             on_forward=on_forward)
         reqs = [r for r, _ in sampling]
         num_spec = [k for _, k in sampling]
         emitted = emit_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs],
@@ -393,3 +400,15 @@ class LLMEngine:
             "draft_num_forwards": getattr(p, "num_forwards", 0),
             **(self.spec_policy.stats(self.scheduler.running) if self.spec_policy else {}),
         }
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """A prompt's token ids as the engine sees them (no BOS added: chat templates carry their
+    own special tokens, and raw prompts are taken as written)."""
+    return tokenizer(prompt, add_special_tokens=False).input_ids
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """The conversation rendered by the model's chat template, ready for the reply."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return encode_prompt(tokenizer, text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,15 +158,21 @@ class ModelRunner:
         return inputs
 
     def execute(self, inputs: StepInputs, logits_indices: torch.Tensor,
-                *model_inputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                *model_inputs: torch.Tensor, on_forward: Callable[[], None] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the forward; return hidden states [num_tokens, hidden] (on the model's device) and
         logits of the rows in logits_indices [n, vocab] fp32 on the host, where sampling runs
         (per-request seeded generators are host generators). model_inputs: what the model takes
-        after the metadata (an EAGLE head's features)."""
+        after the metadata (an EAGLE head's features). on_forward: see LLMEngine.step; called
+        as late as possible, just before the layers run (with the GIL released, on the layer
+        loop)."""
         if self.layer_loop is not None and not model_inputs and \
                 self.layer_loop.accepts(inputs.meta):
-            hidden = self.layer_loop.forward(inputs.input_ids, inputs.positions, inputs.meta)
+            hidden = self.layer_loop.forward(inputs.input_ids, inputs.positions, inputs.meta,
+                                             before_layers=on_forward)
         else:
+            if on_forward is not None:
+                on_forward()
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
                                 *model_inputs)
         rows = hidden.index_select(0, logits_indices.to(self.device))

@@ -70,6 +70,7 @@ class Request:
         self.output_text = ""
         self.prefix_offset = 0
         self.read_offset = 0
+        self.decode_stream = None  # tokenizers.decoders.DecodeStream, made on first use
         # Timing (seconds, time.perf_counter())
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None

@@ -11,6 +11,7 @@ None and the runner calls the model as usual.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -88,11 +89,17 @@ class LayerLoop:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        """What LlamaModel.forward returns: the final normed hidden states [num_tokens, hidden]."""
+                meta: AttentionMetadata, before_layers: Callable[[], None] | None = None
+                ) -> torch.Tensor:
+        """What LlamaModel.forward returns: the final normed hidden states [num_tokens, hidden].
+        before_layers is called right before the layers run, which is the GIL-free stretch of
+        the step."""
         m = self.model
         cos, sin = m.rotary.lookup(positions)
         g = meta.groups[0]
-        x, residual = self._run(self.plan_id, m.embed_tokens(input_ids), cos, sin,
+        embeds = m.embed_tokens(input_ids)
+        if before_layers is not None:
+            before_layers()
+        x, residual = self._run(self.plan_id, embeds, cos, sin,
                                 meta.slot_mapping, g.block_tables, g.token_seq, g.token_pos)
         return m.norm(x, residual)[0]

@@ -31,8 +31,10 @@ from specserve.server.serving import OpenAIServing
 logger = logging.getLogger("specserve.server")
 
 
-def _require_json(request: Request) -> None:
-    """415 for a body labelled as anything but JSON (an unlabelled one is parsed as JSON)."""
+async def _require_json(request: Request) -> None:
+    """415 for a body labelled as anything but JSON (an unlabelled one is parsed as JSON).
+    Async so that FastAPI runs it inline: a sync dependency costs every request a hop to a
+    worker thread."""
     content_type = request.headers.get("content-type")
     if content_type is None:
         return

@@ -24,8 +24,10 @@ from specserve.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-# Called on the engine thread for every output, with the seconds since that request's previous
-# output (None for its first); used for latency metrics.
+# Called on the event loop for every output as it is delivered, with the seconds since that
+# request's previous delivery (None for its first); used for latency metrics. It runs there, not
+# on the engine thread, because every microsecond on the engine thread between forwards is a
+# microsecond of every request's step.
 OutputObserver = Callable[[RequestOutput, float | None], None]
 
 
@@ -55,6 +57,7 @@ class OutputStream:
         self._owner = owner
         self._queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException] = asyncio.Queue()
         self._unfinished = set(range(len(request_ids)))
+        self._last_delivery: list[float | None] = [None] * len(request_ids)
 
     def __aiter__(self) -> OutputStream:
         return self
@@ -77,9 +80,14 @@ class OutputStream:
             self._owner._submit(_Abort(ids))
 
     # ---- event-loop side of delivery --------------------------------------------------------
-    def _put(self, index: int, out: RequestOutput) -> None:
+    def _put(self, index: int, out: RequestOutput, now: float) -> None:
         if index not in self._unfinished:
             return  # closed by the consumer meanwhile
+        observer = self._owner._observer
+        if observer is not None:
+            last = self._last_delivery[index]
+            observer(out, None if last is None else now - last)
+            self._last_delivery[index] = now
         self._queue.put_nowait((index, out))
         if out.finished:
             self._unfinished.discard(index)
@@ -125,7 +133,6 @@ class _Route:
 
     stream: OutputStream
     index: int
-    last_output_time: float | None = None
 
 
 @dataclass
@@ -305,6 +312,16 @@ class AsyncEngine:
 
     def _serve(self) -> None:
         engine = self.engine
+        # A step's outputs go out while the next step's forward runs (see LLMEngine.step), or
+        # at once when there is no next step.
+        pending: list[RequestOutput] = []
+
+        def deliver_pending() -> None:
+            nonlocal pending
+            if pending:
+                self._dispatch(pending)
+                pending = []
+
         while True:
             stop = False
             for command in self._take_commands():
@@ -313,9 +330,13 @@ class AsyncEngine:
                 else:
                     self._handle(command)
             if stop:
+                deliver_pending()
                 return
             if engine.has_unfinished_requests():
-                self._dispatch(engine.step())
+                outputs = engine.step(on_forward=deliver_pending)
+                pending = outputs
+            if not engine.has_unfinished_requests():
+                deliver_pending()
             self.stats = engine.get_stats()
 
     def _take_commands(self) -> list[_Add | _Abort | _Call | _Stop]:
@@ -358,16 +379,11 @@ class AsyncEngine:
         self._resolve(command.done)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
-        now = time.perf_counter()
         batch: list[tuple[OutputStream, int, RequestOutput]] = []
         for out in outputs:
             route = self._routes.get(out.request_id)
             if route is None:
                 continue  # aborted by its consumer in the meantime
-            if self._observer is not None:
-                gap = None if route.last_output_time is None else now - route.last_output_time
-                self._observer(out, gap)
-            route.last_output_time = now
             if out.finished:
                 del self._routes[out.request_id]
             batch.append((route.stream, route.index, out))
@@ -395,5 +411,6 @@ class AsyncEngine:
 
 
 def _deliver(batch: list[tuple[OutputStream, int, RequestOutput]]) -> None:
+    now = time.perf_counter()
     for stream, index, out in batch:
-        stream._put(index, out)
+        stream._put(index, out, now)
