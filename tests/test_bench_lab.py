@@ -4,6 +4,7 @@ and every figure, JSON field and PNG the commands promise is there."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -206,11 +207,11 @@ def test_online_against_a_live_server(server, tmp_path, capsys):
 
 
 def test_online_reports_server_errors(server):
-    from specserve.bench.online import OnlineError, run_online
+    from specserve.bench.online import OnlineError, run_online_point
 
     items = [WorkloadItem("x", [{"role": "user", "content": "hi"}], 2)]
     with pytest.raises(OnlineError, match="404"):
-        run_online(server.url, items, [1], 1, model="no-such-model")
+        asyncio.run(run_online_point(server.url, items, 1, 1, model="no-such-model"))
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 

@@ -117,11 +117,3 @@ async def run_online_point(url: str, items: Sequence[WorkloadItem], concurrency:
             "requests": [{"prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
                           "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "start_s": r.start_s,
                           "end_s": r.end_s} for r in done]}
-
-
-def run_online(url: str, items: Sequence[WorkloadItem], concurrencies: Sequence[int],
-               num_prompts: int | None = None, **kw) -> list[dict]:
-    """One closed-loop point per concurrency (default max(2c, 8) prompts each)."""
-    return [asyncio.run(run_online_point(url, items, c, num_prompts or max(2 * c, 8),
-                                         warm_up=i == 0, **kw))
-            for i, c in enumerate(concurrencies)]

@@ -1,9 +1,9 @@
 """Drive the single-threaded LLMEngine from asyncio.
 
 One background thread owns the engine: it alone calls add_request / step / abort_request, so the
-engine needs no locks. The event loop talks to it only by messages. Commands (add, abort, call,
-stop) go into an inbox guarded by a condition variable; the engine thread drains the inbox before
-every step and sleeps on the condition when it has nothing to do. Outputs travel back once per
+engine needs no locks. The event loop talks to it only by messages. Commands (add, abort, stop)
+go into an inbox guarded by a condition variable; the engine thread drains the inbox before every
+step and sleeps on the condition when it has nothing to do. Outputs travel back once per
 step through `loop.call_soon_threadsafe`, into one asyncio.Queue per API request.
 """
 
@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from specserve.engine.llm_engine import LLMEngine
 from specserve.outputs import RequestOutput
@@ -23,7 +23,6 @@ from specserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 # Called on the event loop for every output as it is delivered, with the seconds since that
 # request's previous delivery (None for its first); used for latency metrics. It runs there, not
 # on the engine thread, because every microsecond on the engine thread between forwards is a
@@ -116,13 +115,6 @@ class _Abort:
 
 
 @dataclass(slots=True)
-class _Call:
-    fn: Callable[..., Any]
-    args: tuple
-    done: asyncio.Future
-
-
-@dataclass(slots=True)
 class _Stop:
     pass
 
@@ -138,7 +130,7 @@ class _Route:
 @dataclass
 class _Inbox:
     cond: threading.Condition = field(default_factory=threading.Condition)
-    commands: list[_Add | _Abort | _Call | _Stop] = field(default_factory=list)
+    commands: list[_Add | _Abort | _Stop] = field(default_factory=list)
 
 
 class AsyncEngine:
@@ -252,24 +244,15 @@ class AsyncEngine:
             raise
         return output_stream
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(*args)` on the engine thread between steps (e.g. tokenization: the tokenizer
-        belongs to the engine) and return its result or raise its exception."""
-        if self.dead is not None:
-            raise EngineDeadError("the engine has stopped after an error")
-        done = self._loop.create_future()
-        self._submit(_Call(fn, args, done))
-        return await done
-
     # ---- plumbing -----------------------------------------------------------------------------
-    def _submit(self, command: _Add | _Abort | _Call | _Stop) -> None:
+    def _submit(self, command: _Add | _Abort | _Stop) -> None:
         with self._inbox.cond:
             if not self._stopped:
                 self._inbox.commands.append(command)
                 self._inbox.cond.notify()
                 return
         # The engine thread is gone: nobody will ever answer this command.
-        if isinstance(command, _Add | _Call) and not command.done.done():
+        if isinstance(command, _Add) and not command.done.done():
             command.done.set_exception(
                 EngineDeadError("the engine has stopped after an error") if self.dead
                 else EngineClosedError("the server is shutting down"))
@@ -306,7 +289,7 @@ class AsyncEngine:
                 leftovers, self._inbox.commands = self._inbox.commands, []
             self._abort_all(exit_error)
             for command in leftovers:
-                if isinstance(command, _Add | _Call):
+                if isinstance(command, _Add):
                     self._resolve(command.done, exc=exit_error)
             self._finished.set()
 
@@ -333,13 +316,12 @@ class AsyncEngine:
                 deliver_pending()
                 return
             if engine.has_unfinished_requests():
-                outputs = engine.step(on_forward=deliver_pending)
-                pending = outputs
+                pending = engine.step(on_forward=deliver_pending)
             if not engine.has_unfinished_requests():
                 deliver_pending()
             self.stats = engine.get_stats()
 
-    def _take_commands(self) -> list[_Add | _Abort | _Call | _Stop]:
+    def _take_commands(self) -> list[_Add | _Abort | _Stop]:
         inbox = self._inbox
         with inbox.cond:
             # Sleep (no polling) while there is neither a command nor a request to step.
@@ -348,18 +330,13 @@ class AsyncEngine:
             commands, inbox.commands = inbox.commands, []
         return commands
 
-    def _handle(self, command: _Add | _Abort | _Call) -> None:
+    def _handle(self, command: _Add | _Abort) -> None:
         if isinstance(command, _Abort):
             for rid in command.request_ids:
                 self.engine.abort_request(rid)
                 self._routes.pop(rid, None)
-        elif isinstance(command, _Add):
-            self._add(command)
         else:
-            try:
-                self._resolve(command.done, command.fn(*command.args))
-            except Exception as exc:
-                self._resolve(command.done, exc=exc)
+            self._add(command)
 
     def _add(self, command: _Add) -> None:
         added: list[str] = []
