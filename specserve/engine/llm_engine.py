@@ -233,7 +233,6 @@ class LLMEngine:
                               [r.spec_probs for r in reqs])
         t_forward = time.perf_counter() - t1
         self.stats.forward_time += t_forward
-        num_prefill = sum(n for r, n in sched.scheduled if r.num_computed_tokens < r.num_tokens - 1)
         if any(num_spec):
             self.stats.verify_time += time.perf_counter() - t1
         computed_before = [req.num_computed_tokens for req, _ in sched.scheduled]
@@ -260,12 +259,13 @@ class LLMEngine:
         if self.proposer is not None and self.proposer.needs_hidden:
             self._hand_over_hidden(sched.scheduled, computed_before, inputs.query_start, hidden)
         if self.proposer is not None:
+            runs = [(c, n) for c, (_, n) in zip(computed_before, sched.scheduled, strict=True)]
             self.spec_policy.observe_step(sched.total_num_tokens, t_forward,
                                           self.proposer.last_forward_tokens,
-                                          self._last_draft_time)
+                                          self._last_draft_time, runs)
             self.proposer.last_forward_tokens = []
             self._last_draft_time = 0.0
-            self._propose(num_prefill)
+            self._propose()
         self.stats.num_steps += 1
         self.stats.step_time += time.perf_counter() - t0
         return outputs
@@ -290,7 +290,7 @@ class LLMEngine:
         self.proposer.on_verified(req, num_draft, num_accepted)
         self.spec_policy.observe_verification(req, num_draft, num_accepted)
 
-    def _propose(self, num_prefill_tokens: int) -> None:
+    def _propose(self) -> None:
         """Choose K per decoding request (the policy) and guess that many tokens."""
         reqs, caps, forced = [], [], []
         for req in self.scheduler.running:
@@ -310,9 +310,12 @@ class LLMEngine:
         ks = [0 if f == "off" else policy.request_k_max(r) if f == "static" else 0
               for r, f in zip(reqs, forced, strict=True)]
         if free:
+            num_base = len(reqs) + sum(ks)
+            num_prefill = self.scheduler.pending_prefill_tokens(num_base)
             chosen = policy.choose([reqs[i] for i in free], len(self.scheduler.running),
-                                   len(reqs) + sum(ks) + num_prefill_tokens,
-                                   [self.proposer.catch_up_tokens(reqs[i]) for i in free])
+                                   num_base + num_prefill,
+                                   [self.proposer.catch_up_tokens(reqs[i]) for i in free],
+                                   num_prefill, [caps[i] for i in free])
             for i, k in zip(free, chosen, strict=True):
                 ks[i] = k
         ks = [min(k, cap) for k, cap in zip(ks, caps, strict=True)]

@@ -102,6 +102,22 @@ class Scheduler:
             budget -= num_new
         return out
 
+    def pending_prefill_tokens(self, num_decode_tokens: int) -> int:
+        """A guess at the prefill tokens the next step will carry next to num_decode_tokens:
+        unfinished prompts of running requests, then waiting prompts, within the token budget
+        (prefix-cache hits and arrivals before the step are not known yet)."""
+        cfg = self.config
+        chunk = cfg.long_prefill_token_threshold
+        total = sum(min(r.num_prompt_tokens - r.num_computed_tokens, chunk)
+                    for r in self.running if r.num_computed_tokens < r.num_prompt_tokens)
+        room = cfg.max_num_seqs - len(self.running)
+        for req in self.waiting:
+            if room <= 0 or total >= cfg.max_num_batched_tokens:
+                break
+            total += min(req.num_tokens - req.num_computed_tokens, chunk)
+            room -= 1
+        return max(min(total, cfg.max_num_batched_tokens - num_decode_tokens), 0)
+
     def finish(self, req: Request, status: RequestStatus) -> None:
         """Take req out of the queues and free its blocks (finished or aborted)."""
         if req.status == RequestStatus.RUNNING:

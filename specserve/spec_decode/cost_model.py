@@ -1,17 +1,30 @@
 """The speculation cost model and the choice of K per request, as pure functions.
 
 A forward's time is a function of how many tokens it carries: flat while the step is bound by
-reading the weights, then linear once it is bound by compute (the knee). `StepCostModel` holds
-that curve as points profiled at start-up and nudges them toward every measured step.
+reading the weights, then linear once it is bound by compute (the knee). On top of that comes
+attention over the context, which the token count does not see: every sequence reads its KV
+cache once per step, and every query token computes scores against its whole context. Measured
+on the embedded model (bf16, this CPU), a verification token at a 2.5k-token RAG context costs
+~1.5 ms where one at a 200-token context costs ~0.5 ms; a token-count-only model mispredicted
+steps by 30% on average and let drafts look equally cheap for both. So
 
-Given per-request acceptance rates alpha_i, `choose_num_speculative_tokens` picks K_i in
+    T(step) = scale * (T_lin(num_tokens) + kv_read_s * sum_seq ctx + attention_s * sum_tok ctx)
+
+with ctx counted beyond the profile's own context (its cost is already inside T_lin).
+`StepCostModel` holds T_lin as points profiled at start-up, the two context coefficients from
+the same profile, and nudges one scale factor toward every measured step.
+
+Given per-request acceptance rates and contexts, `choose_num_speculative_tokens` picks K_i in
 0..K_max_i to maximise the batch's expected goodput (tokens emitted per second):
 
-    goodput(K) = sum_i E[emitted_i](K_i) / (T_target(N + sum_i K_i) + T_draft(K))
-    E[emitted](K) = (1 - alpha^(K+1)) / (1 - alpha)      (Leviathan et al. 2023, eq. 1)
+    goodput(K) = sum_i E[emitted_i](K_i) / (T(N + sum_i K_i) + T_draft(K))
+    E[emitted](K) = 1 + sum_{j<=K} prod_{m<=j} a_m
 
-E[emitted] is concave in K (the j-th draft token adds alpha^j), so for a fixed total S = sum K_i
-the best split takes the S largest marginal gains alpha_i^j over all requests. We sweep S over
+where a_m is the conditional acceptance of draft position m (acceptance.py); with one rate a
+for all positions this is (1 - a^(K+1)) / (1 - a) (Leviathan et al. 2023, eq. 1). The j-th draft
+token adds prod_{m<=j} a_m, which never grows with j, and a request's draft tokens all cost the
+same, so for a fixed total S = sum K_i the best split takes the S increments with the largest
+gain per second, gain / (marginal token time + attention_s * ctx_i). We sweep S over
 0..sum K_max_i along that order and keep the best goodput: one sort and a few vector ops per step.
 """
 
@@ -20,24 +33,41 @@ from __future__ import annotations
 import numpy as np
 
 
+def beyond(contexts: np.ndarray, base: int) -> np.ndarray:
+    """Context tokens past the profiled context (whose attention T_lin already contains)."""
+    return np.maximum(np.asarray(contexts, dtype=np.float64) - base, 0.0)
+
+
+def token_context_sum(start: int, num_tokens: int, base: int) -> float:
+    """sum over positions p in [start, start + num_tokens) of max(p + 1 - base, 0): the context
+    the query tokens of one scheduled run attend to, beyond the profiled context."""
+    lo, hi = max(start + 1, base + 1), start + num_tokens
+    return 0.0 if hi < lo else (hi - lo + 1) * ((lo + hi) / 2 - base)
+
+
 class StepCostModel:
-    """Seconds per forward as a piecewise-linear function of the number of tokens.
+    """Seconds per forward as a piecewise-linear function of the number of tokens, plus the
+    context terms above.
 
     The start-up profile fixes the curve's shape; online refinement learns one scale factor
-    (an EMA of measured / predicted step time). Real steps cost more than the profile's (longer
-    contexts, sampling, prefill chunks) by a roughly constant factor; moving only the points next
-    to each measured step instead raised T(8) under a decode batch of 8 while T(16) stayed put,
-    flattening the slope and making drafts look free."""
+    (an EMA of measured / predicted step time). Moving only the points next to each measured
+    step instead raised T(8) under a decode batch of 8 while T(16) stayed put, flattening the
+    slope and making drafts look free."""
 
-    def __init__(self, num_tokens: list[int], seconds: list[float], ema: float = 0.05):
+    def __init__(self, num_tokens: list[int], seconds: list[float], ema: float = 0.05,
+                 kv_read_s: float = 0.0, attention_s: float = 0.0, base_context: int = 0):
         order = np.argsort(num_tokens)
         self.x = np.asarray(num_tokens, dtype=np.float64)[order]
         self.y = np.asarray(seconds, dtype=np.float64)[order]
         self.y = np.maximum.accumulate(self.y)  # more tokens never cost less
         self.ema = ema
         self.scale = 1.0
+        self.kv_read_s = kv_read_s  # per sequence and context token: reading its KV cache
+        self.attention_s = attention_s  # per query token and context token: scores and P V
+        self.base_context = base_context  # the profile's context, inside T_lin already
 
     def __call__(self, num_tokens: np.ndarray | float) -> np.ndarray | float:
+        """Scaled T_lin: the step's time without the context terms."""
         n = np.asarray(num_tokens, dtype=np.float64)
         t = np.interp(n, self.x, self.y)
         # Past the last profiled point, extrapolate with the last slope (compute-bound).
@@ -45,11 +75,20 @@ class StepCostModel:
         t = self.scale * np.where(n > self.x[-1], self.y[-1] + slope * (n - self.x[-1]), t)
         return np.where(n <= 0, 0.0, t) if t.ndim else (0.0 if n <= 0 else float(t))
 
-    def update(self, num_tokens: int, seconds: float) -> None:
+    def context_time(self, seq_context: float, token_context: float) -> float:
+        """Scaled seconds of the context terms (contexts already counted beyond base_context)."""
+        return self.scale * (self.kv_read_s * seq_context + self.attention_s * token_context)
+
+    def predict(self, num_tokens: float, seq_context: float = 0.0,
+                token_context: float = 0.0) -> float:
+        return float(self(num_tokens)) + self.context_time(seq_context, token_context)
+
+    def update(self, num_tokens: int, seconds: float, seq_context: float = 0.0,
+               token_context: float = 0.0) -> None:
         """Move the scale toward a measured step (online refinement)."""
         if num_tokens <= 0 or seconds <= 0:
             return
-        ratio = seconds / max(float(self(num_tokens)), 1e-9)
+        ratio = seconds / max(self.predict(num_tokens, seq_context, token_context), 1e-9)
         # Clip one step's pull: a step that waited on the OS must not swing the whole model.
         self.scale *= 1 + self.ema * (min(max(ratio, 0.5), 2.0) - 1)
 
@@ -60,47 +99,78 @@ def expected_emitted(alpha: np.ndarray, k: np.ndarray) -> np.ndarray:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+def level_gains(alphas: np.ndarray, depth: int) -> np.ndarray:
+    """[num_reqs, depth]: the expected tokens the j-th draft adds, P(drafts 1..j all accepted).
+    alphas: [num_reqs] one rate for every position, or [num_reqs, P] the conditional rate per
+    position (positions past P reuse the last)."""
+    a = np.clip(np.asarray(alphas, dtype=np.float64), 0.0, 0.999999)
+    if a.ndim == 1:
+        a = a[:, None]
+    if a.shape[1] < depth:
+        a = np.concatenate([a, np.repeat(a[:, -1:], depth - a.shape[1], axis=1)], axis=1)
+    return np.cumprod(a[:, :depth], axis=1)
+
+
 def choose_num_speculative_tokens(
-    alphas: np.ndarray,  # [num_reqs] acceptance estimate per request
+    alphas: np.ndarray,  # [num_reqs] or [num_reqs, P] acceptance per request (level_gains)
     k_max: np.ndarray,  # [num_reqs] largest K allowed per request (0 = may not speculate)
     num_base_tokens: int,  # tokens the step carries anyway (1 per decode, plus prefill chunks)
-    target_cost,  # tokens -> seconds
+    target_cost: StepCostModel,
     draft_cost=None,  # tokens -> seconds for one draft forward; None = free proposer (n-gram)
     catch_up: np.ndarray | None = None,  # [num_reqs] tokens the draft must first catch up on
     prev_total: int | None = None,  # sum K of the previous step, for hysteresis
     hysteresis: float = 0.02,
     min_gain: float = 0.03,
+    contexts: np.ndarray | None = None,  # [num_reqs] context each request's next token sees
+    num_prefill_tokens: int = 0,  # the part of num_base_tokens that is prefill chunks
 ) -> tuple[np.ndarray, float, float]:
     """Returns (K per request, predicted step seconds, predicted goodput in tokens/s).
+    Prefill chunks in the step set the operating point (a step with a 300-token chunk is
+    compute-bound, so drafts cost their full per-token time) but their time is left out of the
+    goodput: it is spent whatever K is, and counting it made every draft look cheap next to a
+    slow step — after each arrival the controller speculated at low acceptance and lost.
     Speculation must beat no speculation by min_gain (a margin for what the model leaves out);
     a new total must beat the previous step's by hysteresis, and the previous total is kept only
     while it still beats no speculation by min_gain / 2 (hysteresis never holds speculation on
     where it is predicted to lose)."""
     num_reqs = len(alphas)
-    alphas = np.clip(np.asarray(alphas, dtype=np.float64), 0.0, 0.999999)
     k_max = np.asarray(k_max, dtype=np.int64)
-    base_time = float(target_cost(num_base_tokens))
+    ctx = np.zeros(num_reqs) if contexts is None else beyond(contexts, target_cost.base_context)
+    ctx_sum = float(ctx.sum())
+    prefill_time = float(target_cost(num_base_tokens)) - float(
+        target_cost(num_base_tokens - num_prefill_tokens))
+    base_time = float(target_cost(num_base_tokens)) + target_cost.context_time(ctx_sum, ctx_sum) \
+        - prefill_time
     base_tokens = float(num_reqs)
-    none = np.zeros(num_reqs, dtype=np.int64), base_time, base_tokens / max(base_time, 1e-9)
+    none = (np.zeros(num_reqs, dtype=np.int64), base_time + prefill_time,
+            base_tokens / max(base_time, 1e-9))
     if num_reqs == 0 or k_max.max(initial=0) == 0:
         return none
     # Early exit, the common case under load: even if every draft token cost nothing beyond one
     # draft forward, the expected extra tokens could not clear the margin (the full search
     # below would also pick 0, hysteresis included). Saves ~0.2 ms per step at batch 64.
-    most_extra = float((expected_emitted(alphas, k_max) - 1).sum())
+    depth = int(k_max.max())
+    gains = level_gains(alphas, depth)  # [num_reqs, depth]
+    levels = np.arange(1, depth + 1)
+    allowed = levels[None, :] <= k_max[:, None]
+    most_extra = float(gains[allowed].sum())
     least_time = base_time + (float(draft_cost(1)) if draft_cost is not None else 0.0)
     if (base_tokens + most_extra) / least_time < (1 + min_gain / 2) * none[2]:
         return none
-    # Every possible increment (request i, level j = 1..k_max_i) with its marginal gain alpha^j.
-    levels = np.arange(1, int(k_max.max()) + 1)
-    req_idx, level = np.nonzero(levels[None, :] <= k_max[:, None])
+    # Every possible increment (request i, level j = 1..k_max_i) with its marginal gain and the
+    # attention time its token adds; taken in order of gain per second.
+    req_idx, level = np.nonzero(allowed)
+    gain = gains[req_idx, level]
     level = level + 1
-    gain = alphas[req_idx] ** level
-    order = np.lexsort((level, -gain))  # largest gain first; a request's levels stay in order
-    req_idx, level, gain = req_idx[order], level[order], gain[order]
+    attn = target_cost.context_time(0.0, 1.0) * ctx[req_idx]
+    token_s = max((float(target_cost(num_base_tokens + 16)) - float(target_cost(num_base_tokens)))
+                  / 16, 1e-9)  # marginal time of one more token, context aside
+    order = np.lexsort((level, -gain / (token_s + attn)))  # a request's levels stay in order
+    req_idx, level, gain, attn = req_idx[order], level[order], gain[order], attn[order]
     total = np.arange(len(gain) + 1)  # S = number of increments taken
     tokens = base_tokens + np.concatenate([[0.0], np.cumsum(gain)])
-    time = target_cost(num_base_tokens + total)
+    time = base_time - float(target_cost(num_base_tokens)) + target_cost(num_base_tokens + total) \
+        + np.concatenate([[0.0], np.cumsum(attn)])
     if draft_cost is not None:
         # Draft forward j runs over the requests whose K >= j; forward 1 also catches up.
         width = np.zeros((len(levels), len(total)))
@@ -118,4 +188,4 @@ def choose_num_speculative_tokens(
             goodput[prev_total] >= (1 + min_gain / 2) * goodput[0]:
         best = prev_total  # not worth switching: avoids K flip-flopping near break-even
     k = np.bincount(req_idx[:best], minlength=num_reqs)
-    return k, float(time[best]), float(goodput[best])
+    return k, float(time[best]) + prefill_time, float(goodput[best])

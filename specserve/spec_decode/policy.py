@@ -20,7 +20,11 @@ import numpy as np
 
 from specserve.engine.request import Request
 from specserve.spec_decode.acceptance import AcceptanceTracker
-from specserve.spec_decode.cost_model import StepCostModel, choose_num_speculative_tokens
+from specserve.spec_decode.cost_model import (
+    StepCostModel,
+    choose_num_speculative_tokens,
+    token_context_sum,
+)
 
 POLICY_NAMES = ("off", "static", "batch-threshold:N", "schedule:B=K,...", "adaptive")
 
@@ -40,7 +44,7 @@ class SpecPolicy:
 
     def __init__(self, k_max: int):
         self.k_max = k_max
-        self.acceptance = AcceptanceTracker()
+        self.acceptance = AcceptanceTracker(k_max)
         self.k_histogram: Counter[int] = Counter()  # chosen K per (request, step)
         self.last_predicted_s: float | None = None
         self.num_predictions = 0
@@ -52,7 +56,12 @@ class SpecPolicy:
         return self.k_max if k is None else k
 
     def choose(self, reqs: list[Request], num_running: int, num_base_tokens: int,
-               catch_up: list[int]) -> list[int]:
+               catch_up: list[int], num_prefill_tokens: int = 0,
+               caps: list[int] | None = None) -> list[int]:
+        """K per request in reqs (the decoding ones); num_base_tokens: what the next step
+        carries without drafts, num_prefill_tokens of it prefill chunks; catch_up: tokens the
+        draft model must process before it can propose for each request; caps: the most drafts
+        each request can still use (max_tokens, context) — the engine applies them after."""
         return [self.request_k_max(r) for r in reqs]
 
     def record_choice(self, ks: list[int]) -> None:
@@ -62,7 +71,10 @@ class SpecPolicy:
         self.acceptance.observe(req.request_id, num_draft, num_accepted)
 
     def observe_step(self, num_tokens: int, forward_s: float, draft_tokens: list[int],
-                     draft_s: float) -> None:
+                     draft_s: float, runs: list[tuple[int, int]] = ()) -> None:
+        """A step ran: num_tokens in one target forward of forward_s seconds, draft forwards of
+        draft_tokens tokens in draft_s seconds; runs: (first position, tokens) of each scheduled
+        sequence (the context the forward's attention read)."""
         if self.last_predicted_s is not None:
             actual = forward_s + draft_s
             self.abs_error_s += abs(self.last_predicted_s - actual)
@@ -81,8 +93,10 @@ class SpecPolicy:
             "spec_k_mean": sum(k * c for k, c in self.k_histogram.items()) / total if total
             else 0.0,
             "spec_global_acceptance": self.acceptance.global_rate,
-            "spec_request_acceptance": {r.request_id: round(self.acceptance.estimate(
-                r.request_id), 3) for r in running[:64]},
+            "spec_position_acceptance": [round(float(a), 3)
+                                         for a in self.acceptance.global_rates],
+            "spec_request_acceptance": {r.request_id: round(float(self.acceptance.estimate(
+                r.request_id)[0]), 3) for r in running[:64]},
             "spec_step_time_rel_error": self.abs_error_s / self.sum_actual_s
             if self.sum_actual_s else None,
         }
@@ -91,7 +105,8 @@ class SpecPolicy:
 class OffPolicy(SpecPolicy):
     name = "off"
 
-    def choose(self, reqs, num_running, num_base_tokens, catch_up):
+    def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
+               caps=None):
         return [0] * len(reqs)
 
 
@@ -101,7 +116,8 @@ class BatchThresholdPolicy(SpecPolicy):
         self.threshold = threshold
         self.name = f"batch-threshold:{threshold}"
 
-    def choose(self, reqs, num_running, num_base_tokens, catch_up):
+    def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
+               caps=None):
         if num_running > self.threshold:
             return [0] * len(reqs)
         return [self.request_k_max(r) for r in reqs]
@@ -113,7 +129,8 @@ class SchedulePolicy(SpecPolicy):
         self.rows = rows
         self.name = "schedule:" + ",".join(f"{b}={k}" for b, k in rows)
 
-    def choose(self, reqs, num_running, num_base_tokens, catch_up):
+    def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
+               caps=None):
         k = next((k for b, k in self.rows if num_running <= b), 0)
         return [min(k, self.request_k_max(r)) for r in reqs]
 
@@ -128,19 +145,26 @@ class AdaptivePolicy(SpecPolicy):
         self.draft_cost = draft_cost
         self.prev_total: int | None = None
 
-    def choose(self, reqs, num_running, num_base_tokens, catch_up):
-        alphas = np.array([self.acceptance.estimate(r.request_id) for r in reqs])
+    def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
+               caps=None):
+        alphas = self.acceptance.estimates([r.request_id for r in reqs])
         k_max = np.array([self.request_k_max(r) for r in reqs])
+        if caps is not None:  # drafts past the cap would be cut: do not plan (or pay) for them
+            k_max = np.minimum(k_max, caps)
         ks, predicted, _ = choose_num_speculative_tokens(
             alphas, k_max, num_base_tokens, self.target_cost, self.draft_cost,
-            np.asarray(catch_up, dtype=np.float64), self.prev_total)
+            np.asarray(catch_up, dtype=np.float64), self.prev_total,
+            contexts=np.array([r.num_tokens for r in reqs]), num_prefill_tokens=num_prefill_tokens)
         self.prev_total = int(ks.sum())
         self.last_predicted_s = predicted
         return ks.tolist()
 
-    def observe_step(self, num_tokens, forward_s, draft_tokens, draft_s):
-        super().observe_step(num_tokens, forward_s, draft_tokens, draft_s)
-        self.target_cost.update(num_tokens, forward_s)
+    def observe_step(self, num_tokens, forward_s, draft_tokens, draft_s, runs=()):
+        super().observe_step(num_tokens, forward_s, draft_tokens, draft_s, runs)
+        base = self.target_cost.base_context
+        seq_context = sum(max(start + n - base, 0) for start, n in runs)
+        token_context = sum(token_context_sum(start, n, base) for start, n in runs)
+        self.target_cost.update(num_tokens, forward_s, seq_context, token_context)
         if self.draft_cost is not None and draft_tokens:
             per_forward = draft_s / len(draft_tokens)
             for n in draft_tokens:

@@ -1,10 +1,16 @@
-"""Start-up profile of one forward's time against its number of tokens (for the cost model).
+"""Start-up profile of one forward's time against its number of tokens and its context (for
+the cost model).
 
 The profile must resolve the slope the controller trades on: on this machine the embedded model
 is compute-bound from about 4 tokens (+0.55 ms per token), and a sparse profile (1, 4, 16, ...)
 with one timing per point read it as nearly flat between 4 and 16 — the controller then bought
 drafts that cost 4x what it believed. So: dense points where decode batches live, a warm-up
 run and `repeats` timed runs per point, the fastest kept.
+
+The context terms come from four more shapes: S sequences x 1 and x Q tokens, each at the
+short profile context and at a long one. Lengthening the context adds S * dctx * (kv + attn)
+seconds to the first pair and S * dctx * (kv + Q * attn) to the second, which gives both
+coefficients.
 """
 
 from __future__ import annotations
@@ -18,40 +24,60 @@ from specserve.engine.model_runner import ModelRunner
 from specserve.spec_decode.cost_model import StepCostModel
 
 PROFILE_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+CONTEXT_SEQS, CONTEXT_QUERY = 8, 4  # the context shapes: S sequences, 1 or Q tokens each
 
 
 def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINTS,
-                    context: int = 96, repeats: int = 3) -> StepCostModel:
+                    context: int = 96, long_context: int = 1024,
+                    repeats: int = 3) -> StepCostModel:
     """Time decode-shaped forwards of n sequences x 1 token (n in points) at a fixed context,
     with logits for every token (as a verification step needs); the fastest of `repeats` runs
-    per point (machine noise only ever adds time).
+    per point (machine noise only ever adds time). Then the context shapes (module docstring).
 
     Each fake sequence reads its own blocks of the (still empty) pool, wrapping around when the
     pool is small: sequences sharing one context read the same cache lines and made attention
     look half as expensive as it is. The garbage they write is overwritten before any real
     request reads it."""
     bs = runner.block_size
-    per_seq = min(-(-context // bs), runner.num_blocks)
-    context = min(context, per_seq * bs)
 
-    def seq(i: int) -> SimpleNamespace:
+    def seq(i: int, ctx: int, q: int = 1) -> SimpleNamespace:
+        per_seq = -(-ctx // bs)
         first = i * per_seq
-        return SimpleNamespace(num_computed_tokens=context - 1, all_token_ids=[0] * context,
+        return SimpleNamespace(num_computed_tokens=ctx - q, all_token_ids=[0] * ctx,
                                spec_token_ids=[], block_ids=[(first + b) % runner.num_blocks
                                                              for b in range(per_seq)])
 
-    # One forward of the largest point first: allocator, kernel selection and (on a GPU) clocks
-    # that idle low would otherwise inflate the first points and flatten the whole curve.
-    runner.execute(runner.prepare([(seq(i), 1) for i in range(max(points))]),
-                   torch.arange(max(points)))
-    times = []
-    for n in points:  # ascending, each point's runs back to back: a forward right after a much
-        inputs = runner.prepare([(seq(i), 1) for i in range(n)])  # bigger one runs ~20% slow
-        rows = torch.arange(n)
+    def fastest(shape: list[tuple[SimpleNamespace, int]]) -> float:
+        inputs = runner.prepare(shape)
+        rows = torch.arange(sum(q for _, q in shape))
         runs = []
         for _ in range(repeats + 1):  # the first run warms up the allocator and caches
             t0 = time.perf_counter()
             runner.execute(inputs, rows)
             runs.append(time.perf_counter() - t0)
-        times.append(min(runs[1:]))
-    return StepCostModel(list(points), times)
+        return min(runs[1:])
+
+    # The pool must hold one sequence's blocks and the model its positions: contexts shrink
+    # to fit small pools and short-context models.
+    limit = min(runner.num_blocks * bs, runner.cfg.max_position)
+    context = min(context, limit)
+    long_context = min(long_context, limit)
+    # One forward of the largest point first: allocator, kernel selection and (on a GPU) clocks
+    # that idle low would otherwise inflate the first points and flatten the whole curve.
+    runner.execute(runner.prepare([(seq(i, context), 1) for i in range(max(points))]),
+                   torch.arange(max(points)))
+    # Ascending, each point's runs back to back: a forward right after a much bigger one runs
+    # ~20% slow.
+    times = [fastest([(seq(i, context), 1) for i in range(n)]) for n in points]
+    kv_read_s = attention_s = 0.0
+    extra = long_context - context
+    if extra >= 4 * bs:
+        s, q = CONTEXT_SEQS, CONTEXT_QUERY
+        d1 = (fastest([(seq(i, long_context), 1) for i in range(s)])
+              - fastest([(seq(i, context), 1) for i in range(s)])) / (s * extra)
+        dq = (fastest([(seq(i, long_context, q), q) for i in range(s)])
+              - fastest([(seq(i, context, q), q) for i in range(s)])) / (s * extra)
+        attention_s = max((dq - d1) / (q - 1), 0.0)
+        kv_read_s = max(d1 - attention_s, 0.0)
+    return StepCostModel(list(points), times, kv_read_s=kv_read_s, attention_s=attention_s,
+                         base_context=context)
