@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from conftest import PROMPTS
@@ -197,3 +198,21 @@ def test_random_speculative_sampling_matches_the_target(tmp_path):
     draft_pairs = {(a, b): float(p1[a] * q2[a, b]) for a in range(VOCAB) for b in range(VOCAB)}
     stat, df = _chi2(pair_counts, draft_pairs, n)
     assert stat > _chi2_critical(df)
+
+
+def test_ngram_index_matches_the_full_scan_as_tokens_grow():
+    """The proposer's incremental n-gram index answers exactly what a scan of the whole history
+    does, at every length, for every n range and K."""
+    from specserve.spec_decode.ngram import NgramIndex, ngram_lookup
+
+    rng = np.random.default_rng(0)
+    for (n_min, n_max), stride in [((1, 4), 1), ((2, 3), 1), ((3, 3), 1), ((1, 4), 7)]:
+        # few distinct tokens: many repeats and matches at every n; stride 7: looked up only
+        # now and then (a request that did not speculate for a while)
+        tokens = rng.integers(0, 6, size=300).tolist()
+        index = NgramIndex(n_min, n_max)
+        for total in range(1, len(tokens) + 1, stride):
+            prefix = tokens[:total]
+            k = 1 + total % 5
+            want = ngram_lookup(np.asarray(prefix), k, n_min, n_max)
+            assert index.lookup(prefix, k) == want, (n_min, n_max, total)

@@ -30,6 +30,8 @@ gain per second, gain / (marginal token time + attention_s * ctx_i). We sweep S 
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 
@@ -60,6 +62,7 @@ class StepCostModel:
         self.x = np.asarray(num_tokens, dtype=np.float64)[order]
         self.y = np.asarray(seconds, dtype=np.float64)[order]
         self.y = np.maximum.accumulate(self.y)  # more tokens never cost less
+        self._xs, self._ys = self.x.tolist(), self.y.tolist()
         self.ema = ema
         self.scale = 1.0
         self.kv_read_s = kv_read_s  # per sequence and context token: reading its KV cache
@@ -68,12 +71,29 @@ class StepCostModel:
 
     def __call__(self, num_tokens: np.ndarray | float) -> np.ndarray | float:
         """Scaled T_lin: the step's time without the context terms."""
+        if not isinstance(num_tokens, np.ndarray):
+            return self._scalar(float(num_tokens))
         n = np.asarray(num_tokens, dtype=np.float64)
         t = np.interp(n, self.x, self.y)
         # Past the last profiled point, extrapolate with the last slope (compute-bound).
         slope = (self.y[-1] - self.y[-2]) / (self.x[-1] - self.x[-2]) if len(self.x) > 1 else 0
         t = self.scale * np.where(n > self.x[-1], self.y[-1] + slope * (n - self.x[-1]), t)
         return np.where(n <= 0, 0.0, t) if t.ndim else (0.0 if n <= 0 else float(t))
+
+    def _scalar(self, n: float) -> float:
+        """__call__ for one number in plain Python: numpy's per-call overhead on scalars was
+        ~15 us, several times per step."""
+        if n <= 0:
+            return 0.0
+        x, y = self._xs, self._ys
+        if n >= x[-1]:
+            slope = (y[-1] - y[-2]) / (x[-1] - x[-2]) if len(x) > 1 else 0.0
+            return self.scale * (y[-1] + slope * (n - x[-1]))
+        i = bisect.bisect_right(x, n)
+        if i == 0:
+            return self.scale * y[0]
+        f = (n - x[i - 1]) / (x[i] - x[i - 1])
+        return self.scale * (y[i - 1] + f * (y[i] - y[i - 1]))
 
     def context_time(self, seq_context: float, token_context: float) -> float:
         """Scaled seconds of the context terms (contexts already counted beyond base_context)."""

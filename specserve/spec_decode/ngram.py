@@ -29,16 +29,53 @@ def ngram_lookup(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int
     return []
 
 
+class NgramIndex:
+    """ngram_lookup, incrementally: for every n in [n_min, n_max], the latest position that
+    followed each n-gram, updated as tokens are appended (a request's tokens only grow). A
+    lookup is n_max - n_min + 1 dict probes instead of a scan of the whole history (~25 us per
+    request at a few hundred tokens): the engine looks every decoding request up before it
+    chooses K (free_lookahead)."""
+
+    def __init__(self, n_min: int, n_max: int):
+        self.n_min, self.n_max = n_min, n_max
+        self.follows: dict[tuple[int, ...], int] = {}  # n-gram -> position of the next token
+        self.indexed = 0  # n-grams ending before this position are in `follows`
+
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        total = len(tokens)
+        # Index every n-gram that ends before the last token (the suffix itself is excluded,
+        # as in ngram_lookup); later occurrences overwrite earlier ones.
+        for end in range(max(self.indexed, 1), total):
+            for n in range(self.n_min, min(self.n_max, end) + 1):
+                self.follows[tuple(tokens[end - n:end])] = end
+        self.indexed = max(self.indexed, total)
+        for n in range(min(self.n_max, total - 1), self.n_min - 1, -1):
+            start = self.follows.get(tuple(tokens[total - n:]))
+            if start is not None:
+                return tokens[start:start + k]
+        return []
+
+
 class NgramProposer(Proposer):
     name = "ngram"
+    free_lookahead = True
 
     def __init__(self, prompt_lookup_min: int, prompt_lookup_max: int):
         super().__init__()
         self.n_min, self.n_max = prompt_lookup_min, prompt_lookup_max
+        self.indexes: dict[str, NgramIndex] = {}
 
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
         out = []
         for req, k in zip(reqs, num_tokens, strict=True):
-            tokens = np.asarray(req.all_token_ids)
-            out.append(ngram_lookup(tokens, k, self.n_min, self.n_max) if k else [])
+            if not k:
+                out.append([])
+                continue
+            index = self.indexes.get(req.request_id)
+            if index is None:
+                index = self.indexes[req.request_id] = NgramIndex(self.n_min, self.n_max)
+            out.append(index.lookup(req.all_token_ids, k))
         return Proposal(out)
+
+    def free(self, req: Request) -> None:
+        self.indexes.pop(req.request_id, None)

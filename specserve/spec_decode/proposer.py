@@ -23,6 +23,9 @@ class Proposer(ABC):
     kv_cache_bytes: int = 0
     kv_bytes_per_token: int = 0  # a draft model's KV cost per token (0: no cache)
     needs_hidden: bool = False  # wants the target's features after every forward (EAGLE)
+    # Guessing costs nothing and has no state (n-gram): the engine may look the guesses up
+    # before choosing K, and plan only for drafts that exist.
+    free_lookahead: bool = False
 
     def __init__(self) -> None:
         self.last_forward_tokens: list[int] = []  # tokens per draft forward in the last propose
