@@ -251,3 +251,21 @@ def test_switching_the_policy_in_place_profiles_once_and_stays_lossless(llm):
         assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == want
     first_profile = engine._cost_models
     assert first_profile is not None and engine.spec_policy.target_cost is first_profile[0]
+
+
+def test_unused_ngram_guesses_still_teach_the_acceptance_estimate():
+    """With K = 0 chosen, an n-gram guess that was looked up is checked against the sampled
+    token: the estimates keep moving (a request given up on early can come back), and no draft
+    is verified or counted."""
+    spec = LLM(dtype="float32", speculative_config=NGRAM, speculation_policy="adaptive")
+    policy = spec.engine.spec_policy
+    policy.choose = lambda reqs, *args, **kwargs: [0] * len(reqs)
+    seen: list[tuple[int, int]] = []
+    observe = policy.acceptance.observe
+    policy.acceptance.observe = lambda rid, n, a: (seen.append((n, a)), observe(rid, n, a))
+    out = spec.generate([PROMPT], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    stats = spec.get_stats()
+    assert stats["num_draft_tokens"] == 0 and stats["num_verifications"] == 0
+    assert seen and all(n == 1 for n, _ in seen)
+    assert any(a for _, a in seen)  # the prompt repeats itself: some guesses were right
+    assert len(out[0].outputs[0].token_ids) == 24

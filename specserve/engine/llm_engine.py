@@ -112,6 +112,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self._last_draft_time = 0.0
         self._idle_plan: tuple | None = None  # requests the policy last gave no drafts (_choose)
+        self._shadow: dict[str, int] = {}  # request id -> unused n-gram guess for the next token
         self._idle_steps = 0
         self.profile_time = 0.0  # start-up profile of the cost model (seconds)
         self._cost_models = None
@@ -147,7 +148,7 @@ class LLMEngine:
         if self.proposer is None:
             raise ValueError("speculation policies need a speculative_config (a proposer)")
         self.spec_policy = self._build_policy(name, k_max)
-        self._idle_plan = None
+        self._idle_plan, self._shadow = None, {}
 
     # ---- requests -------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -248,6 +249,10 @@ class LLMEngine:
         for (req, k), tokens in zip(sampling, emitted, strict=True):
             if k:
                 self._on_verified(req, k, len(tokens) - 1)
+            elif self._shadow:
+                guess = self._shadow.get(req.request_id)
+                if guess is not None:  # an unused guess: would it have been accepted?
+                    self.spec_policy.observe_verification(req, 1, int(tokens[0] == guess))
             req.spec_token_ids, req.spec_probs = [], None
             if req.params.logprobs is not None:
                 record_logprobs(req, logits[row:row + len(tokens)], tokens)
@@ -257,6 +262,7 @@ class LLMEngine:
             num_before = req.num_output_tokens
             self._append_and_check(req, tokens)
             outputs.append(make_output(req, self.tokenizer, req.num_output_tokens - num_before))
+        self._shadow = {}
         for req, _ in sched.scheduled:
             if not req.is_finished:
                 self.block_manager.cache_blocks(req)
@@ -340,23 +346,12 @@ class LLMEngine:
 
     def _choose(self, reqs: list[Request], free: list[int], ks: list[int],
                 caps: list[int]) -> dict[int, list[int]]:
-        """The policy's K for reqs[i], i in free, written into ks. A proposer whose guesses cost
-        nothing (n-gram) is asked first when the policy wants drafts at all, and the policy then
-        plans again for the guesses that exist: a request with no match would otherwise be
-        charged for drafts it cannot make. Returns those guesses (index -> tokens)."""
+        """The policy's K for reqs[i], i in free, written into ks. Returns the guesses already
+        looked up (index -> tokens) for a proposer whose guesses cost nothing (n-gram)."""
         policy = self.spec_policy
         num_base = len(reqs) + sum(ks)
         num_prefill = self.scheduler.pending_prefill_tokens(num_base)
         free_reqs = [reqs[i] for i in free]
-        # While the policy says "no drafts", nothing it decides on moves but the batch: the
-        # acceptance estimates change only through verifications, and longer contexts and
-        # shrinking caps only make drafts dearer. So an all-zero answer stands for the same
-        # requests (and prefill or not) for up to REPLAN_STEPS steps: the policy's ~0.1-0.3 ms
-        # per step was 1-3% of a decode step under load, where speculation is off anyway.
-        key = (tuple(r.request_id for r in free_reqs), num_prefill > 0)
-        if key == self._idle_plan and self._idle_steps < REPLAN_STEPS:
-            self._idle_steps += 1
-            return {}
         catch_up = [self.proposer.catch_up_tokens(r) for r in free_reqs]
 
         def plan(limits: list[int]) -> list[int]:
@@ -364,13 +359,34 @@ class LLMEngine:
                                  catch_up, num_prefill, limits)
 
         limits = [caps[i] for i in free]
-        chosen = plan(limits)
-        self._idle_plan, self._idle_steps = (key, 0) if not any(chosen) else (None, 0)
         looked: dict[int, list[int]] = {}
-        if self.proposer.free_lookahead and any(chosen):
-            found = self.proposer.propose(free_reqs, limits).token_ids
+        if self.proposer.free_lookahead:
+            # Guesses cost ~3 us each: look them up first and plan only for drafts that exist
+            # (a request with no match would be charged for drafts it cannot make). A guess
+            # left unused is still checked against the token the step samples (_shadow): the
+            # acceptance estimates keep moving while K = 0, so a request the controller gave up
+            # on early can come back (without it, a few early misses froze n-gram at K = 0 on
+            # json at concurrency 1, 0.83x static).
+            found = self.proposer.propose(free_reqs, [min(c, policy.request_k_max(r)) for c, r
+                                                      in zip(limits, free_reqs, strict=True)]
+                                          ).token_ids
             looked = dict(zip(free, found, strict=True))
             chosen = plan([len(t) for t in found])
+            self._shadow = {reqs[i].request_id: t[0] for i, k, t in zip(free, chosen, found,
+                                                                        strict=True)
+                            if t and not k}
+        else:
+            # While the policy says "no drafts", nothing it decides on moves but the batch:
+            # acceptance changes only through verifications, and longer contexts and shrinking
+            # caps only make drafts dearer. So an all-zero answer stands for the same requests
+            # (and prefill or not) for up to REPLAN_STEPS steps: the policy's ~0.1-0.3 ms per
+            # step was 1-3% of a decode step under load, where speculation is off anyway.
+            key = (tuple(r.request_id for r in free_reqs), num_prefill > 0)
+            if key == self._idle_plan and self._idle_steps < REPLAN_STEPS:
+                self._idle_steps += 1
+                return {}
+            chosen = plan(limits)
+            self._idle_plan, self._idle_steps = (key, 0) if not any(chosen) else (None, 0)
         for i, k in zip(free, chosen, strict=True):
             ks[i] = k
         return looked
