@@ -359,34 +359,36 @@ class LLMEngine:
                                  catch_up, num_prefill, limits)
 
         limits = [caps[i] for i in free]
+        # While the policy says "no drafts", nothing it decides on moves but the batch:
+        # acceptance changes only through verifications, and longer contexts and shrinking caps
+        # only make drafts dearer. So an all-zero answer stands for the same requests (and
+        # prefill or not) for up to REPLAN_STEPS steps: the policy's ~0.1-0.3 ms per step was
+        # 1-3% of a decode step under load, where speculation is off anyway.
+        key = (tuple(r.request_id for r in free_reqs), num_prefill > 0)
+        idle = key == self._idle_plan and self._idle_steps < REPLAN_STEPS
+        if idle:
+            self._idle_steps += 1
+            chosen = [0] * len(free)
+        else:
+            chosen = plan(limits)
+            self._idle_plan, self._idle_steps = (key, 0) if not any(chosen) else (None, 0)
         looked: dict[int, list[int]] = {}
-        if self.proposer.free_lookahead:
-            # Guesses cost ~3 us each: look them up first and plan only for drafts that exist
-            # (a request with no match would be charged for drafts it cannot make). A guess
-            # left unused is still checked against the token the step samples (_shadow): the
-            # acceptance estimates keep moving while K = 0, so a request the controller gave up
-            # on early can come back (without it, a few early misses froze n-gram at K = 0 on
-            # json at concurrency 1, 0.83x static).
+        # Guesses that cost nothing (n-gram, ~3 us each) are looked up when the policy wants
+        # drafts, and it plans again for the drafts that exist (a request with no match would
+        # be charged for drafts it cannot make); also on every re-plan of an all-zero answer, so
+        # that unused guesses are checked against the sampled token (_shadow) and the estimates
+        # keep moving while K = 0 (without that, a few early misses froze n-gram at K = 0 on
+        # json at concurrency 1, 0.83x static).
+        if self.proposer.free_lookahead and (any(chosen) or self._idle_steps == 0):
             found = self.proposer.propose(free_reqs, [min(c, policy.request_k_max(r)) for c, r
                                                       in zip(limits, free_reqs, strict=True)]
                                           ).token_ids
             looked = dict(zip(free, found, strict=True))
-            chosen = plan([len(t) for t in found])
+            if any(chosen):
+                chosen = plan([len(t) for t in found])
             self._shadow = {reqs[i].request_id: t[0] for i, k, t in zip(free, chosen, found,
                                                                         strict=True)
                             if t and not k}
-        else:
-            # While the policy says "no drafts", nothing it decides on moves but the batch:
-            # acceptance changes only through verifications, and longer contexts and shrinking
-            # caps only make drafts dearer. So an all-zero answer stands for the same requests
-            # (and prefill or not) for up to REPLAN_STEPS steps: the policy's ~0.1-0.3 ms per
-            # step was 1-3% of a decode step under load, where speculation is off anyway.
-            key = (tuple(r.request_id for r in free_reqs), num_prefill > 0)
-            if key == self._idle_plan and self._idle_steps < REPLAN_STEPS:
-                self._idle_steps += 1
-                return {}
-            chosen = plan(limits)
-            self._idle_plan, self._idle_steps = (key, 0) if not any(chosen) else (None, 0)
         for i, k in zip(free, chosen, strict=True):
             ks[i] = k
         return looked
