@@ -359,11 +359,12 @@ class LLMEngine:
                                  catch_up, num_prefill, limits)
 
         limits = [caps[i] for i in free]
-        # While the policy says "no drafts", nothing it decides on moves but the batch:
-        # acceptance changes only through verifications, and longer contexts and shrinking caps
-        # only make drafts dearer. So an all-zero answer stands for the same requests (and
-        # prefill or not) for up to REPLAN_STEPS steps: the policy's ~0.1-0.3 ms per step was
-        # 1-3% of a decode step under load, where speculation is off anyway.
+        # While the policy says "no drafts", little it decides on moves but the batch:
+        # acceptance changes only through verifications and the n-gram checks made at each
+        # re-plan below, and longer contexts and shrinking caps only make drafts dearer. So an
+        # all-zero answer stands for the same requests (and prefill or not) for up to
+        # REPLAN_STEPS steps: the policy's ~0.1-0.3 ms per step was 1-3% of a decode step under
+        # load, where speculation is off anyway.
         key = (tuple(r.request_id for r in free_reqs), num_prefill > 0)
         idle = key == self._idle_plan and self._idle_steps < REPLAN_STEPS
         if idle:

@@ -63,11 +63,7 @@ class AcceptanceTracker:
 
     def estimate(self, request_id: str) -> np.ndarray:
         """[P] the request's conditional acceptance per position."""
-        w = self.prior_weight
-        s = self.per_request.get(request_id)
-        if s is None:
-            return self.global_rates.copy()
-        return (s[0] + w * self.global_rates) / (s[1] + w)
+        return self.estimates([request_id])[0]
 
     def estimates(self, request_ids: list[str]) -> np.ndarray:
         """[len(request_ids), P]: estimate() for many requests in one vector expression (the

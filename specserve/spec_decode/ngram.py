@@ -8,33 +8,17 @@ code edits, JSON that repeats keys).
 
 from __future__ import annotations
 
-import numpy as np
-
 from specserve.engine.request import Request
 from specserve.spec_decode.proposer import Proposal, Proposer
 
 
-def ngram_lookup(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
-    """Up to k tokens that followed the latest earlier occurrence of the longest matching
-    suffix n-gram (n_max >= n >= n_min). tokens: [num_tokens] int."""
-    total = len(tokens)
-    for n in range(min(n_max, total - 1), n_min - 1, -1):
-        suffix = tokens[total - n:]
-        # Windows starting at 0..total-n-1 (the suffix itself excluded).
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:total - 1], n)
-        hits = np.flatnonzero((windows == suffix).all(axis=1))
-        if len(hits):
-            start = int(hits[-1]) + n
-            return tokens[start:start + k].tolist()
-    return []
-
-
 class NgramIndex:
-    """ngram_lookup, incrementally: for every n in [n_min, n_max], the latest position that
+    """Up to k tokens that followed the latest earlier occurrence of the longest matching suffix
+    n-gram (n_max >= n >= n_min), kept incrementally: for every n, the latest position that
     followed each n-gram, updated as tokens are appended (a request's tokens only grow). A
     lookup is n_max - n_min + 1 dict probes instead of a scan of the whole history (~25 us per
-    request at a few hundred tokens): the engine looks every decoding request up before it
-    chooses K (free_lookahead)."""
+    request at a few hundred tokens): the engine looks guesses up before it chooses K
+    (free_lookahead)."""
 
     def __init__(self, n_min: int, n_max: int):
         self.n_min, self.n_max = n_min, n_max
@@ -44,7 +28,7 @@ class NgramIndex:
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         total = len(tokens)
         # Index every n-gram that ends before the last token (the suffix itself is excluded,
-        # as in ngram_lookup); later occurrences overwrite earlier ones.
+        # as a scan of the history would); later occurrences overwrite earlier ones.
         for end in range(max(self.indexed, 1), total):
             for n in range(self.n_min, min(self.n_max, end) + 1):
                 self.follows[tuple(tokens[end - n:end])] = end
