@@ -28,10 +28,15 @@ class NgramIndex:
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         total = len(tokens)
         # Index every n-gram that ends before the last token (the suffix itself is excluded,
-        # as a scan of the history would); later occurrences overwrite earlier ones.
-        for end in range(max(self.indexed, 1), total):
-            for n in range(self.n_min, min(self.n_max, end) + 1):
-                self.follows[tuple(tokens[end - n:end])] = end
+        # as a scan of the history would); later occurrences overwrite earlier ones. The
+        # n-grams ending at positions [lo, total) are built by zip over n shifted slices, in C:
+        # a 2.5k-token RAG prompt is indexed in ~1 ms instead of ~15 ms of Python loop, which
+        # was 5% of a c32 run that never speculated.
+        for n in range(self.n_min, self.n_max + 1):
+            lo = max(self.indexed, n)
+            if lo < total:
+                grams = zip(*(tokens[lo - n + j:total - n + j] for j in range(n)))
+                self.follows.update(zip(grams, range(lo, total)))
         self.indexed = max(self.indexed, total)
         for n in range(min(self.n_max, total - 1), self.n_min - 1, -1):
             start = self.follows.get(tuple(tokens[total - n:]))
