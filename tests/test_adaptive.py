@@ -184,6 +184,32 @@ def test_drafts_that_stay_right_once_started_are_worth_k_max():
     assert geometric.max() < K_MAX and (ks == K_MAX).all()
 
 
+def test_the_single_request_plan_equals_the_vector_plan(monkeypatch):
+    """Concurrency 1 is planned in plain Python: over random rates, caps, contexts, prefill,
+    draft costs and previous choices it picks what the vector form picks."""
+    from specserve.spec_decode import cost_model
+
+    rng = np.random.default_rng(0)
+    target = StepCostModel([1, 2, 4, 8, 16, 32], [8e-3, 8.2e-3, 8.8e-3, 9.5e-3, 11e-3, 14e-3],
+                           kv_read_s=8e-7, attention_s=2e-7, base_context=96)
+    draft = StepCostModel([1, 4, 16], [1e-3, 1.1e-3, 1.5e-3])
+    for trial in range(300):
+        kwargs = dict(
+            alphas=rng.uniform(0, 1, size=(1, 4)) ** rng.uniform(0.2, 3),
+            k_max=[rng.integers(0, 6)],
+            num_base_tokens=1 + int(rng.integers(0, 3)) * 64, target_cost=target,
+            draft_cost=draft if trial % 2 else None, catch_up=np.array([rng.integers(0, 5)]),
+            prev_total=None if trial % 3 == 0 else int(rng.integers(0, 5)),
+            contexts=np.array([rng.integers(10, 3000)]))
+        kwargs["num_prefill_tokens"] = kwargs["num_base_tokens"] - 1
+        fast = choose_num_speculative_tokens(**kwargs)
+        monkeypatch.setattr(cost_model, "SCALAR_MAX_REQS", 0)
+        vector = choose_num_speculative_tokens(**kwargs)
+        monkeypatch.undo()
+        assert fast[0].tolist() == vector[0].tolist(), kwargs
+        assert fast[1] == pytest.approx(vector[1]) and fast[2] == pytest.approx(vector[2])
+
+
 def test_policy_parsing():
     assert parse_schedule("8=2,1=4,16=0") == [(1, 4), (8, 2), (16, 0)]
     assert build_policy("batch-threshold:8", 4).name == "batch-threshold:8"
@@ -198,10 +224,14 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
 PROMPT = 'Copy: {"id": 7, "name": "lamp", "tags": ["a", "b"]}\n{"id": 7, "name": "lamp",'
 
 
-@pytest.mark.parametrize("policy", ["adaptive", "batch-threshold:2", "schedule:1=4,4=2,8=0"])
-def test_every_policy_is_lossless(llm, policy):
+@pytest.mark.parametrize(("policy", "num_prompts"), [
+    ("adaptive", 6), ("batch-threshold:2", 6), ("schedule:1=4,4=2,8=0", 6),
+    # more requests than LOOKUP_FIRST_SEQS: the controller plans before it looks guesses up
+    ("adaptive", 12)])
+def test_every_policy_is_lossless(llm, policy, num_prompts):
     tok = llm.get_tokenizer()
-    prompts = [tok(PROMPT + " " * i, add_special_tokens=False).input_ids for i in range(6)]
+    prompts = [tok(PROMPT + " " * i, add_special_tokens=False).input_ids
+               for i in range(num_prompts)]
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     spec = LLM(dtype="float32", speculative_config=NGRAM, speculation_policy=policy)

@@ -6,7 +6,6 @@ Only argparse is imported at the top: `specserve --help` must stay fast.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import time
 from dataclasses import asdict
@@ -256,7 +255,7 @@ def _add_sweep(bench) -> None:
 def cmd_online(args: argparse.Namespace) -> None:
     from specserve.bench.lab import prepare_workload, run_workload, warm_up
     from specserve.bench.machine import describe_machine
-    from specserve.bench.online import CLIENT_ERRORS, OnlineError, run_online_point
+    from specserve.bench.online import CLIENT_ERRORS, OnlineError, run_client, run_online_point
     from specserve.bench.report import online_table, write_json
     from specserve.bench.workloads import load_workload
 
@@ -284,7 +283,7 @@ def cmd_online(args: argparse.Namespace) -> None:
             # Alternate online and offline runs so that drift in the machine's speed (shared,
             # 2 cores) lands on both sides; the median run of each side is reported.
             for r in range(args.repeats):
-                runs["online"].append(asyncio.run(run_online_point(
+                runs["online"].append(run_client(run_online_point(
                     args.url, items, c, n, model=args.served_model, api_key=args.api_key,
                     max_tokens_cap=args.max_tokens, ignore_eos=args.ignore_eos,
                     timeout=args.timeout, warm_up=i == 0 and r == 0)))

@@ -46,6 +46,7 @@ class EngineStats:
 
 logger = logging.getLogger("specserve")
 REPLAN_STEPS = 8  # an all-zero speculation plan stands this many steps for the same batch
+LOOKUP_FIRST_SEQS = 8  # up to this many requests, free guesses are looked up before planning
 
 
 def _available_memory(device: torch.device) -> int:
@@ -359,6 +360,30 @@ class LLMEngine:
                                  catch_up, num_prefill, limits)
 
         limits = [caps[i] for i in free]
+        looked: dict[int, list[int]] = {}
+        if self.proposer.free_lookahead and len(free) <= LOOKUP_FIRST_SEQS:
+            # Few requests: their guesses (n-gram, ~3-25 us each) cost less than a plan, so look
+            # first and plan only for the drafts that exist. A step where nobody has a guess
+            # needs no plan at all (half the steps of json at concurrency 1), and every unused
+            # guess is checked, so the estimates move on every step: after a workload with
+            # poor acceptance the controller caught up on json at concurrency 1 only every
+            # REPLAN_STEPS steps and trailed static K = 4 by 6%.
+            found = self._look_up(free_reqs, limits)
+            looked = dict(zip(free, found, strict=True))
+            chosen = plan([len(t) for t in found]) if any(found) else [0] * len(free)
+            self._idle_plan = None
+            self._set_shadow(free_reqs, chosen, found)
+        else:
+            chosen = self._plan_then_look_up(free_reqs, free, limits, plan, num_prefill, looked)
+        for i, k in zip(free, chosen, strict=True):
+            ks[i] = k
+        return looked
+
+    def _plan_then_look_up(self, free_reqs: list[Request], free: list[int], limits: list[int],
+                           plan: Callable[[list[int]], list[int]], num_prefill: int,
+                           looked: dict[int, list[int]]) -> list[int]:
+        """_choose for a batch of many: plan first, look guesses up only if the plan wants
+        drafts (fills `looked`)."""
         # While the policy says "no drafts", little it decides on moves but the batch:
         # acceptance changes only through verifications and the n-gram checks made at each
         # re-plan below, and longer contexts and shrinking caps only make drafts dearer. So an
@@ -373,26 +398,31 @@ class LLMEngine:
         else:
             chosen = plan(limits)
             self._idle_plan, self._idle_steps = (key, 0) if not any(chosen) else (None, 0)
-        looked: dict[int, list[int]] = {}
-        # Guesses that cost nothing (n-gram, ~3 us each) are looked up when the policy wants
-        # drafts, and it plans again for the drafts that exist (a request with no match would
-        # be charged for drafts it cannot make); also on every re-plan of an all-zero answer, so
-        # that unused guesses are checked against the sampled token (_shadow) and the estimates
-        # keep moving while K = 0 (without that, a few early misses froze n-gram at K = 0 on
-        # json at concurrency 1, 0.83x static).
+        # Guesses that cost nothing (n-gram) are looked up when the policy wants drafts, and it
+        # plans again for the drafts that exist (a request with no match would be charged for
+        # drafts it cannot make); also on every re-plan of an all-zero answer, so that unused
+        # guesses are checked against the sampled token (_shadow) and the estimates keep moving
+        # while K = 0 (without that, a few early misses froze n-gram at K = 0 on json at
+        # concurrency 1, 0.83x static).
         if self.proposer.free_lookahead and (any(chosen) or self._idle_steps == 0):
-            found = self.proposer.propose(free_reqs, [min(c, policy.request_k_max(r)) for c, r
-                                                      in zip(limits, free_reqs, strict=True)]
-                                          ).token_ids
-            looked = dict(zip(free, found, strict=True))
+            found = self._look_up(free_reqs, limits)
+            looked.update(zip(free, found, strict=True))
             if any(chosen):
                 chosen = plan([len(t) for t in found])
-            self._shadow = {reqs[i].request_id: t[0] for i, k, t in zip(free, chosen, found,
-                                                                        strict=True)
-                            if t and not k}
-        for i, k in zip(free, chosen, strict=True):
-            ks[i] = k
-        return looked
+            self._set_shadow(free_reqs, chosen, found)
+        return chosen
+
+    def _look_up(self, reqs: list[Request], limits: list[int]) -> list[list[int]]:
+        k_max = self.spec_policy.request_k_max
+        return self.proposer.propose(reqs, [min(c, k_max(r)) for c, r in
+                                            zip(limits, reqs, strict=True)]).token_ids
+
+    def _set_shadow(self, reqs: list[Request], chosen: list[int], found: list[list[int]]
+                    ) -> None:
+        """Remember the first unused guess of each request that will not speculate: after the
+        step it is checked against the sampled token, as a verification of one draft."""
+        self._shadow = {r.request_id: t[0] for r, k, t in zip(reqs, chosen, found, strict=True)
+                        if t and not k}
 
     def _free_spec_state(self, req: Request) -> None:
         req.spec_token_ids, req.spec_probs = [], None

@@ -14,7 +14,7 @@ import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 
 from fastapi import Request
@@ -170,10 +170,13 @@ class OpenAIServing:
     # ---- streaming ----------------------------------------------------------------------------
     async def _completion_events(self, request_id: str, req: CompletionRequest,
                                  stream: OutputStream, num_prompt_tokens: int,
-                                 ) -> AsyncIterator[BaseModel]:
+                                 ) -> AsyncIterator[BaseModel | str]:
         created = int(time.time())
         deltas = _DeltaTracker(len(stream.request_ids), req.stop)
         final: list[RequestOutput | None] = [None] * len(stream.request_ids)
+        text_chunk = _TextChunk(lambda i, text: CompletionResponse(
+            id=request_id, created=created, model=self.model_name,
+            choices=[CompletionChoice(index=i, text=text)]))
         async for i, out in stream:
             c = out.outputs[0]
             text = deltas.text(i, c.text, out.finished)
@@ -188,6 +191,9 @@ class OpenAIServing:
                 continue
             if out.finished:
                 final[i] = out
+            elif logprobs is None:  # the chunk of nearly every token: text only
+                yield text_chunk.render(i, text)
+                continue
             choice = CompletionChoice(index=i, text=text, logprobs=logprobs,
                                       finish_reason=c.finish_reason, stop_reason=c.stop_reason)
             yield CompletionResponse(id=request_id, created=created, model=self.model_name,
@@ -198,7 +204,7 @@ class OpenAIServing:
 
     async def _chat_events(self, request_id: str, req: ChatCompletionRequest,
                            stream: OutputStream, num_prompt_tokens: int,
-                           ) -> AsyncIterator[BaseModel]:
+                           ) -> AsyncIterator[BaseModel | str]:
         created = int(time.time())
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None):
@@ -212,6 +218,8 @@ class OpenAIServing:
                                                                       content=""))])
         deltas = _DeltaTracker(num_choices, req.stop)
         final: list[RequestOutput | None] = [None] * num_choices
+        text_chunk = _TextChunk(lambda i, text: chunk(
+            [ChatStreamChoice(index=i, delta=DeltaMessage(content=text))]))
         async for i, out in stream:
             c = out.outputs[0]
             text = deltas.text(i, c.text, out.finished)
@@ -222,6 +230,9 @@ class OpenAIServing:
                 continue
             if out.finished:
                 final[i] = out
+            elif logprobs is None:  # the chunk of nearly every token: text only
+                yield text_chunk.render(i, text)
+                continue
             delta = DeltaMessage(content=text) if text else DeltaMessage()
             yield chunk([ChatStreamChoice(index=i, delta=delta, logprobs=logprobs,
                                           finish_reason=c.finish_reason)])
@@ -286,11 +297,33 @@ class _DeltaTracker:
         return c.token_ids[start:], None if c.logprobs is None else c.logprobs[start:]
 
 
+class _TextChunk:
+    """The JSON of a streamed chunk that carries only new text (the chunk sent for nearly every
+    token), rendered from the response's own pydantic model once per choice: the model is
+    dumped with a placeholder text, and each token's chunk is that JSON with the placeholder
+    replaced. ~0.5 µs per chunk against ~6 µs for building and dumping the models, on the
+    thread that also carries every other stream."""
+
+    _PLACEHOLDER = "\x00specserve-text\x00"
+
+    def __init__(self, make: Callable[[int, str], BaseModel]):
+        self._make = make
+        self._templates: dict[int, tuple[str, str]] = {}
+
+    def render(self, index: int, text: str) -> str:
+        template = self._templates.get(index)
+        if template is None:
+            dumped = self._make(index, self._PLACEHOLDER).model_dump_json()
+            head, tail = dumped.split(json.dumps(self._PLACEHOLDER))
+            template = self._templates[index] = (head, tail)
+        return template[0] + json.dumps(text, ensure_ascii=False) + template[1]
+
+
 class EventStreamResponse(StreamingResponse):
     """Server-sent events ending with `data: [DONE]`. However the response ends (finished,
     client gone, server stopping) the engine requests behind it are aborted at once."""
 
-    def __init__(self, events: AsyncIterator[BaseModel], stream: OutputStream):
+    def __init__(self, events: AsyncIterator[BaseModel | str], stream: OutputStream):
         super().__init__(_sse(events), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._stream = stream
@@ -302,10 +335,10 @@ class EventStreamResponse(StreamingResponse):
             self._stream.close()
 
 
-async def _sse(events: AsyncIterator[BaseModel]) -> AsyncIterator[str]:
+async def _sse(events: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
     try:
         async for event in events:
-            yield f"data: {event.model_dump_json()}\n\n"
+            yield f"data: {event if isinstance(event, str) else event.model_dump_json()}\n\n"
     except (RequestAborted, EngineDeadError) as exc:
         # The status line is long gone: report the failure in-band, as OpenAI does.
         yield f"data: {json.dumps(error_body(503, str(exc)))}\n\n"

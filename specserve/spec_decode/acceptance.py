@@ -26,40 +26,48 @@ import numpy as np
 
 
 class AcceptanceTracker:
+    """Counts are plain Python lists, not arrays: a verification updates at most K_max numbers,
+    and numpy's per-call overhead made each update ~50 us at concurrency 1 (the controller runs
+    between every two forwards there)."""
+
     def __init__(self, num_positions: int = 4, prior: float = 0.5, decay: float = 0.9,
                  prior_weight: float = 3.0, global_decay: float = 0.95):
-        self.num_positions = max(num_positions, 1)
+        self.num_positions = p = max(num_positions, 1)
         self.decay = decay
         self.global_decay = global_decay  # slower than a request's: it is a prior
         self.prior_weight = prior_weight
-        self.global_succ = np.full(self.num_positions, prior * 2)  # a weak initial prior
-        self.global_trials = np.full(self.num_positions, 2.0)
-        self.per_request: dict[str, np.ndarray] = {}  # request_id -> [2, P] successes, trials
+        self.global_succ = [prior * 2] * p  # a weak initial prior
+        self.global_trials = [2.0] * p
+        # request_id -> successes per position, then trials per position (2P numbers)
+        self.per_request: dict[str, list[float]] = {}
+        self._none = [0.0] * (2 * p)
 
     @property
     def global_rates(self) -> np.ndarray:
         """[P] conditional acceptance per position."""
-        return self.global_succ / self.global_trials
+        return np.array(self.global_succ) / np.array(self.global_trials)
 
     @property
     def global_rate(self) -> float:
         """The first position's rate: how often a draft starts right."""
-        return float(self.global_rates[0])
+        return self.global_succ[0] / self.global_trials[0]
 
     def observe(self, request_id: str, num_draft: int, num_accepted: int) -> None:
-        seen = min(num_accepted + (1 if num_accepted < num_draft else 0), self.num_positions)
+        p = self.num_positions
+        seen = min(num_accepted + (1 if num_accepted < num_draft else 0), p)
         if seen == 0:
             return
-        hit = (np.arange(seen) < num_accepted).astype(np.float64)
         s = self.per_request.get(request_id)
         if s is None:
-            s = self.per_request[request_id] = np.zeros((2, self.num_positions))
-        s[:, :seen] *= self.decay
-        s[0, :seen] += hit
-        s[1, :seen] += 1.0
-        g = self.global_decay
-        self.global_succ[:seen] = g * self.global_succ[:seen] + hit
-        self.global_trials[:seen] = g * self.global_trials[:seen] + 1.0
+            s = self.per_request[request_id] = [0.0] * (2 * p)
+        d, g = self.decay, self.global_decay
+        gs, gt = self.global_succ, self.global_trials
+        for j in range(seen):
+            hit = 1.0 if j < num_accepted else 0.0
+            s[j] = d * s[j] + hit
+            s[p + j] = d * s[p + j] + 1.0
+            gs[j] = g * gs[j] + hit
+            gt[j] = g * gt[j] + 1.0
 
     def estimate(self, request_id: str) -> np.ndarray:
         """[P] the request's conditional acceptance per position."""
@@ -68,10 +76,10 @@ class AcceptanceTracker:
     def estimates(self, request_ids: list[str]) -> np.ndarray:
         """[len(request_ids), P]: estimate() for many requests in one vector expression (the
         controller asks for the whole batch every step)."""
-        prior = np.zeros((2, self.num_positions))
-        s = np.stack([self.per_request.get(r, prior) for r in request_ids], axis=1)
-        w = self.prior_weight
-        return (s[0] + w * self.global_rates) / (s[1] + w)
+        p, w = self.num_positions, self.prior_weight
+        counts = np.array([self.per_request.get(r, self._none) for r in request_ids]
+                          ).reshape(len(request_ids), 2 * p)
+        return (counts[:, :p] + w * self.global_rates) / (counts[:, p:] + w)
 
     def forget(self, request_id: str) -> None:
         self.per_request.pop(request_id, None)

@@ -35,8 +35,8 @@ class NgramIndex:
         for n in range(self.n_min, self.n_max + 1):
             lo = max(self.indexed, n)
             if lo < total:
-                grams = zip(*(tokens[lo - n + j:total - n + j] for j in range(n)))
-                self.follows.update(zip(grams, range(lo, total)))
+                grams = zip(*(tokens[lo - n + j:total - n + j] for j in range(n)), strict=True)
+                self.follows.update(zip(grams, range(lo, total), strict=True))
         self.indexed = max(self.indexed, total)
         for n in range(min(self.n_max, total - 1), self.n_min - 1, -1):
             start = self.follows.get(tuple(tokens[total - n:]))
