@@ -84,6 +84,25 @@ def test_hysteresis_keeps_the_previous_choice_near_break_even():
         assert again.sum() in (prev, best_total)
 
 
+def test_profile_fit_recovers_a_knee_curve_through_noise():
+    """One slow or lucky forward must not leave a flat stretch (drafts that look free): the
+    fitted profile is monotone, within 8% of the true flat-then-linear curve, and keeps at least
+    half the true slope across the stretch that was flat."""
+    from specserve.spec_decode.cost_model import fit_knee_curve
+
+    rng = np.random.default_rng(1)
+    points = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+    for knee, flat, slope in [(8, 5e-3, 4e-4), (64, 2e-3, 1e-5), (1, 6e-3, 4e-4)]:
+        truth = np.array([flat + slope * max(n - knee, 0) for n in points])
+        noisy = truth * rng.uniform(0.93, 1.07, size=len(points))
+        noisy[3:5] = noisy[2]  # a flat stretch, as one profile read T(3) = T(4) = T(6)
+        fit = np.array(fit_knee_curve(points, noisy.tolist()))
+        assert np.all(np.diff(fit) >= 0)
+        assert np.all(np.abs(fit / truth - 1) < 0.08), (knee, fit / truth)
+        true_slope, fit_slope = (truth[4] - truth[2]) / 3, (fit[4] - fit[2]) / 3  # T(3) -> T(6)
+        assert fit_slope >= 0.5 * true_slope, (knee, fit_slope, true_slope)
+
+
 def test_cost_model_online_update_moves_toward_measurements():
     cost = knee_cost()
     before = cost(64)

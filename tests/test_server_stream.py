@@ -25,8 +25,8 @@ TEXTS = ["", " the", 'say "hi"', "back\\slash", "line\nbreak\ttab\r", "\x00\x01\
 
 
 def _chat(i: int, text: str) -> ChatCompletionChunk:
-    return ChatCompletionChunk(id="chatcmpl-x", created=1, model="m",
-                               choices=[ChatStreamChoice(index=i, delta=DeltaMessage(content=text))])
+    choice = ChatStreamChoice(index=i, delta=DeltaMessage(content=text))
+    return ChatCompletionChunk(id="chatcmpl-x", created=1, model="m", choices=[choice])
 
 
 def _completion(i: int, text: str) -> CompletionResponse:

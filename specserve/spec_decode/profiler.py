@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import torch
 
 from specserve.engine.model_runner import ModelRunner
-from specserve.spec_decode.cost_model import StepCostModel
+from specserve.spec_decode.cost_model import StepCostModel, fit_knee_curve
 
 PROFILE_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 CONTEXT_SEQS, CONTEXT_QUERY = 8, 4  # the context shapes: S sequences, 1 or Q tokens each
@@ -79,5 +79,5 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
               - fastest([(seq(i, context, q), q) for i in range(s)])) / (s * extra)
         attention_s = max((dq - d1) / (q - 1), 0.0)
         kv_read_s = max(d1 - attention_s, 0.0)
-    return StepCostModel(list(points), times, kv_read_s=kv_read_s, attention_s=attention_s,
-                         base_context=context)
+    return StepCostModel(list(points), fit_knee_curve(list(points), times),
+                         kv_read_s=kv_read_s, attention_s=attention_s, base_context=context)
