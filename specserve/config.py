@@ -11,12 +11,24 @@ _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
 
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
+    """A dtype setting as a torch dtype. "auto" is bf16 on CUDA and on CPUs with native bf16
+    GEMMs, fp32 on other CPUs (specserve/hardware.py says why)."""
     if isinstance(dtype, torch.dtype):
         return dtype
+    if dtype == "auto":
+        from specserve.hardware import cpu_has_bf16_gemm
+
+        native = torch.device(device).type == "cuda" or cpu_has_bf16_gemm()
+        return torch.bfloat16 if native else torch.float32
     if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)}")
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)} or 'auto'")
     return _DTYPES[dtype]
+
+
+# Weight-only integer modes: torch's int8pack / int4pack kernels run with bf16 activations (with
+# fp32 ones they are 10-50x slower), so their "auto" dtype is bf16 whatever the CPU.
+INT_WEIGHT_METHODS = ("int8", "int4", "gguf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +95,8 @@ class SchedulerConfig:
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str | None = None  # None: the embedded SmolLM2-135M-Instruct GGUF
-    dtype: str = "bfloat16"
+    # "auto": bf16 where the hardware runs it natively, else fp32; or bfloat16 | float32.
+    dtype: str = "auto"
     # Where weights and KV pools live: "cpu", "cuda" or "cuda:N". Scheduling, sampling and the
     # n-gram proposer stay on the host (see docs/performance.md, "The CUDA path").
     device: str = "cpu"
@@ -97,7 +110,8 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
-        parse_dtype(self.dtype)
+        if self.dtype != "auto":
+            parse_dtype(self.dtype)
         device = torch.device(self.device)  # raises on a malformed name
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")
@@ -107,4 +121,6 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return parse_dtype(self.dtype)
+        if self.dtype == "auto" and self.quantization in INT_WEIGHT_METHODS:
+            return torch.bfloat16  # the int8 / int4 kernels take bf16 activations on any CPU
+        return parse_dtype(self.dtype, self.device)

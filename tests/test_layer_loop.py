@@ -46,8 +46,8 @@ def _step_both_ways(llm: LLM):
 
 
 @pytest.mark.parametrize("kwargs", [
-    {"dtype": "float32"},                         # plain linears
-    {"dtype": "bfloat16"},                        # oneDNN-packed
+    {"dtype": "float32"},                         # oneDNN-packed fp32
+    {"dtype": "bfloat16"},                        # packed bf16 (or its fp32 image, see below)
     {"dtype": "bfloat16", "quantization": "int4"},
     {"dtype": "bfloat16", "quantization": "int8"},
     {"dtype": "bfloat16", "kv_cache_dtype": "int8"},
@@ -58,6 +58,22 @@ def test_loop_matches_the_model_bit_for_bit(tiny, kwargs):
     assert llm.engine.runner.layer_loop is not None
     want, got, want_pools, got_pools = _step_both_ways(llm)
     assert torch.equal(got, want)
+    for (wk, wv), (gk, gv) in zip(want_pools, got_pools, strict=True):
+        assert torch.equal(gk, wk) and torch.equal(gv, wv)
+
+
+def test_loop_runs_bf16_as_fp32_images_where_bf16_gemms_are_not_native(tiny, monkeypatch):
+    """A CPU without bf16 GEMMs (forced here) holds each bf16 linear as the fp32 image of its
+    weight: the loop runs that kind exactly as the module does."""
+    from specserve.layers import linear
+
+    monkeypatch.setattr(linear, "cpu_has_bf16_gemm", lambda: False)
+    llm = LLM(tiny, kv_cache_memory=8 << 20, dtype="bfloat16")
+    qkv = llm.engine.model.layers[0].attn.qkv_proj
+    assert isinstance(qkv, linear.PackedLinear) and qkv.upcast
+    assert llm.engine.runner.layer_loop is not None
+    want, got, want_pools, got_pools = _step_both_ways(llm)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
     for (wk, wv), (gk, gv) in zip(want_pools, got_pools, strict=True):
         assert torch.equal(gk, wk) and torch.equal(gv, wv)
 

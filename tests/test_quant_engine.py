@@ -19,7 +19,8 @@ PROMPT = "The three primary colours are"
 
 @pytest.fixture(scope="module")
 def bf16_reference():
-    return LLM(kv_cache_memory=64 << 20).generate([PROMPT], GREEDY)[0].outputs[0].token_ids
+    llm = LLM(dtype="bfloat16", kv_cache_memory=64 << 20)
+    return llm.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
 
 
 @pytest.mark.parametrize("method", ["int8", "int4", "gguf", "fp8"])
@@ -39,7 +40,7 @@ def test_every_weight_mode_generates_and_speculates(method, bf16_reference):
     if method in ("int8", "int4", "gguf"):
         # The decoder's matrices shrink to <= 0.55x; in total the model stays smaller although
         # these modes add an int8 copy of the tied LM head (quant/lm_head.py).
-        bf16 = LLM(kv_cache_memory=64 << 20)
+        bf16 = LLM(dtype="bfloat16", kv_cache_memory=64 << 20)
         assert (linear_weight_nbytes(plain.engine.model.layers)
                 < 0.55 * linear_weight_nbytes(bf16.engine.model.layers))
         assert plain.get_stats()["weight_bytes"] < 0.8 * bf16.get_stats()["weight_bytes"]
@@ -50,8 +51,8 @@ def test_every_weight_mode_generates_and_speculates(method, bf16_reference):
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
 def test_8bit_kv_cache_doubles_blocks_and_runs(kv_dtype, bf16_reference):
-    base = LLM(kv_cache_memory=64 << 20)
-    llm = LLM(kv_cache_memory=64 << 20, kv_cache_dtype=kv_dtype)
+    base = LLM(dtype="bfloat16", kv_cache_memory=64 << 20)
+    llm = LLM(dtype="bfloat16", kv_cache_memory=64 << 20, kv_cache_dtype=kv_dtype)
     ratio = llm.get_stats()["kv_blocks_total"] / base.get_stats()["kv_blocks_total"]
     assert 1.9 < ratio <= 2.0  # bf16 scales cost 2 bytes per 64 values
     out = llm.generate([PROMPT], GREEDY)[0].outputs[0].token_ids

@@ -15,6 +15,7 @@ from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
 from specserve.engine.output_processor import check_stop, make_output, record_logprobs
 from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler
+from specserve.hardware import describe_cpu_precision
 from specserve.layers.kv_cache import resolve_kv_dtype
 from specserve.layers.linear import pack_linears
 from specserve.models.llama import build_model
@@ -73,6 +74,8 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.dtype = config.torch_dtype
         self.device = torch.device(config.device)
+        if self.device.type == "cpu":
+            logger.info("dtype %s (%s); %s", self.dtype, config.dtype, describe_cpu_precision())
         self.model = build_model(cfg, loaded.state_dict, self.dtype, self.device)
         # The LM head's weight as a plain tensor (an EAGLE head shares it): packing and
         # quantization below replace the module.

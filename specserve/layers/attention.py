@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.hardware import cpu_has_bf16_gemm
 from specserve.layers import paged_attention_ext
 from specserve.layers.kv_cache import LayerKVCache
 
@@ -81,6 +82,10 @@ def _gather_attention(q: torch.Tensor, cache: LayerKVCache, g: AttnGroup,
     b, nq, c = g.num_seqs, g.max_query_len, g.max_context_len
     num_heads, head_dim = q.shape[1], q.shape[2]
     k, v = cache.gather(g.kv_gather)  # [b * c, kvh, head_dim] each
+    out_dtype = q.dtype
+    if out_dtype == torch.bfloat16 and q.is_cpu and not cpu_has_bf16_gemm():
+        # A bf16 bmm without bf16 GEMMs is torch's slow generic path (specserve/hardware.py).
+        q, k, v = q.float(), k.float(), v.float()
     kvh = k.shape[1]
     grp = num_heads // kvh  # query heads per KV head (GQA); head h reads KV head h // grp
     # [b * kvh, c, head_dim]
@@ -93,4 +98,4 @@ def _gather_attention(q: torch.Tensor, cache: LayerKVCache, g: AttnGroup,
     scores.add_(g.attn_bias.view(b, 1, 1, nq, c))  # 0 where allowed, -inf where masked
     probs = scores.softmax(dim=-1).view(b * kvh, grp * nq, c)
     out = torch.bmm(probs, v).view(b, kvh, grp, nq, head_dim)
-    return out.permute(0, 3, 1, 2, 4).reshape(b * nq, num_heads * head_dim)
+    return out.permute(0, 3, 1, 2, 4).reshape(b * nq, num_heads * head_dim).to(out_dtype)

@@ -1,9 +1,14 @@
-"""Linear layers with weights pre-packed for oneDNN (CPU, bf16).
+"""Linear layers with weights pre-packed for oneDNN (CPU).
 
 `F.linear` on the CPU hands oneDNN a plain row-major weight and pays a layout conversion inside
 every call; for the small-M matmuls of decoding that is a large share of the time. Packing each
 weight once into oneDNN's blocked layout (what inductor's CPU weight freezing does) makes the
-same GEMMs faster (measured in docs/performance.md) with bit-identical results.
+same GEMMs faster (measured in docs/performance.md).
+
+bf16 weights are packed as bf16 where the CPU runs bf16 GEMMs natively. Elsewhere (AVX2-only
+CPUs, specserve/hardware.py) a bf16 GEMM would take torch's slow generic path, so the layer packs
+the exact fp32 image of its bf16 weight and rounds the output to bf16: the same products with
+fp32 accumulation that a bf16 GEMM computes, at fp32 GEMM speed, for twice the weight bytes.
 """
 
 from __future__ import annotations
@@ -11,26 +16,38 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from specserve.hardware import cpu_can_pack_fp32, cpu_has_bf16_gemm
+
 # Resolved once: looking the op up through torch.ops costs more than a batch-1 call of it.
 _LINEAR_POINTWISE = (torch.ops.mkldnn._linear_pointwise.default
                      if torch.backends.mkldnn.is_available() else None)
 
 
 def can_pack(dtype: torch.dtype) -> bool:
-    return (dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """Whether a linear layer with weights of this dtype gets a packed oneDNN weight here."""
+    if dtype == torch.bfloat16:
+        return cpu_has_bf16_gemm() or cpu_can_pack_fp32()
+    return dtype == torch.float32 and cpu_can_pack_fp32()
 
 
 class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = 32):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self.dtype = weight.dtype  # of the activations in and out
+        # bf16 on a CPU without bf16 GEMMs: an fp32 GEMM on the weight's exact fp32 image.
+        self.upcast = weight.dtype == torch.bfloat16 and not cpu_has_bf16_gemm()
+        packed_dtype = torch.float32 if self.upcast else weight.dtype
+        w = weight.detach().to(packed_dtype)
         # An opaque oneDNN tensor; it serves any number of rows (batch_hint only tunes it).
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), batch_hint)
-        self.bias = None if bias is None else bias.detach()
-        self.weight_nbytes = weight.nbytes
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, batch_hint)
+        self.bias = None if bias is None else bias.detach().to(packed_dtype)
+        self.weight_nbytes = w.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
+        if self.upcast:
+            y = _LINEAR_POINTWISE(x.float(), self.packed, self.bias, "none", [], "")
+            return y.to(self.dtype)
         return _LINEAR_POINTWISE(x, self.packed, self.bias, "none", [], "")
 
 
@@ -44,9 +61,9 @@ def _dense_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Swap every bf16 linear (plain, or a quantized layer's bf16 image; int8 / int4 ones are
-    left alone) for a PackedLinear. Returns the bytes added (a tied LM head gets its own packed
-    copy)."""
+    """Swap every bf16 / fp32 linear (plain, or a quantized layer's bf16 image; int8 / int4
+    ones are left alone) for a PackedLinear. Returns the bytes added: a tied LM head gets its own
+    packed copy, and an fp32 image of a bf16 weight is twice the weight it replaces."""
     added = 0
     for name, module in list(model.named_modules()):
         dense = _dense_weights(module)
@@ -56,6 +73,7 @@ def pack_linears(model: nn.Module) -> int:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         tied = weight is getattr(getattr(model, "embed_tokens", None), "weight", None)
-        setattr(parent, child, PackedLinear(weight, bias))
-        added += weight.nbytes if tied else 0
+        packed = PackedLinear(weight, bias)
+        setattr(parent, child, packed)
+        added += packed.weight_nbytes - (0 if tied else weight.nbytes)
     return added

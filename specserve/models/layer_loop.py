@@ -4,8 +4,8 @@
 (layers/csrc/layer_loop.cpp) without the Python between them, which at batch 1 cost ~0.7 ms of a
 ~5.5 ms int4 step. It applies when every query of the step is short (one attention group read
 by the fused kernel: decodes and speculative verification) and every linear is a kind the loop
-knows (oneDNN-packed bf16, int4pack or int8pack without bias, plain); otherwise `build` returns
-None and the runner calls the model as usual.
+knows (oneDNN-packed bf16 / fp32, int4pack or int8pack without bias, plain); otherwise `build`
+returns None and the runner calls the model as usual.
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ from specserve.quant.int4 import Int4Linear
 from specserve.quant.int8 import SCALE_DTYPE, Int8Linear
 
 _EMPTY = torch.empty(0)
-PACKED, INT4, INT8, DENSE = range(4)  # csrc/layer_loop.cpp's LinearKind
+PACKED, INT4, INT8, DENSE, PACKED_UPCAST = range(5)  # csrc/layer_loop.cpp's LinearKind
 
 
 def _encode(lin: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[int]] | None:
     """(w, aux, bias) and (kind, group) of a linear, or None when the loop cannot run it exactly
     as its module does."""
-    if type(lin) is PackedLinear:
-        return [lin.packed, _EMPTY, _EMPTY if lin.bias is None else lin.bias], [PACKED, 0]
+    if type(lin) is PackedLinear and lin.dtype == dtype:
+        kind = PACKED_UPCAST if lin.upcast else PACKED
+        return [lin.packed, _EMPTY, _EMPTY if lin.bias is None else lin.bias], [kind, 0]
     if type(lin) is nn.Linear:
         return [lin.weight, _EMPTY, _EMPTY if lin.bias is None else lin.bias], [DENSE, 0]
     if isinstance(lin, Int4Linear) and lin._direct and lin.compute_dtype == dtype:

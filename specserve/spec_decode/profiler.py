@@ -24,6 +24,10 @@ from specserve.engine.model_runner import ModelRunner
 from specserve.spec_decode.cost_model import StepCostModel, fit_knee_curve
 
 PROFILE_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# Timed runs of one point stop early once they add up to this: a forward that long averages the
+# noise out by itself, and on a slow CPU (an fp32 256-token forward takes ~0.7 s on a 2-core
+# Zen 3) three of each large point made the profile take 16 s.
+POINT_BUDGET_S = 0.25
 CONTEXT_SEQS, CONTEXT_QUERY = 8, 4  # the context shapes: S sequences, 1 or Q tokens each
 
 
@@ -31,8 +35,9 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
                     context: int = 96, long_context: int = 1024,
                     repeats: int = 3) -> StepCostModel:
     """Time decode-shaped forwards of n sequences x 1 token (n in points) at a fixed context,
-    with logits for every token (as a verification step needs); the fastest of `repeats` runs
-    per point (machine noise only ever adds time). Then the context shapes (module docstring).
+    with logits for every token (as a verification step needs); the fastest of up to `repeats`
+    runs per point (machine noise only ever adds time; POINT_BUDGET_S caps long points). Then
+    the context shapes (module docstring).
 
     Each fake sequence reads its own blocks of the (still empty) pool, wrapping around when the
     pool is small: sequences sharing one context read the same cache lines and made attention
@@ -50,12 +55,13 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
     def fastest(shape: list[tuple[SimpleNamespace, int]]) -> float:
         inputs = runner.prepare(shape)
         rows = torch.arange(sum(q for _, q in shape))
-        runs = []
-        for _ in range(repeats + 1):  # the first run warms up the allocator and caches
+        runner.execute(inputs, rows)  # warms up the allocator and caches
+        runs: list[float] = []
+        while len(runs) < repeats and sum(runs) < POINT_BUDGET_S:
             t0 = time.perf_counter()
             runner.execute(inputs, rows)
             runs.append(time.perf_counter() - t0)
-        return min(runs[1:])
+        return min(runs)
 
     # The pool must hold one sequence's blocks and the model its positions: contexts shrink
     # to fit small pools and short-context models.

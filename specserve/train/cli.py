@@ -38,7 +38,7 @@ def add_train_parser(subparsers) -> None:
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (default: 5e-4 for draft, 1e-3 for eagle)")
     p.add_argument("--eval-every", type=int, default=20, help="steps between evaluations")
-    p.add_argument("--dtype", default="bfloat16",
+    p.add_argument("--dtype", default="auto",
                    help="the dtype the target is served in: the engine's while generating the "
                         "data, and the teacher's")
     p.add_argument("--num-threads", type=int, default=None)

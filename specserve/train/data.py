@@ -42,7 +42,7 @@ class DataConfig:
     replies_per_prompt: int = 4  # the greedy reply + 3 sampled ones per training prompt
     reply_temperature: float = 1.0
     held_out_fraction: float = 0.15  # of the prompts, per kind
-    dtype: str = "bfloat16"  # the engine's dtype while generating; also the teacher's
+    dtype: str = "auto"  # the engine's dtype while generating; also the teacher's
 
     def __post_init__(self) -> None:
         if self.replies_per_prompt < 1:

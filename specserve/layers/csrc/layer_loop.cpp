@@ -4,8 +4,8 @@
 //
 // Why: at batch 1 the Python around ~14 ops per layer (module calls, argument checks) cost
 // ~0.7 ms of a ~5.5 ms int4 step. A "plan" holds each layer's weights (as the linear kinds the
-// engine uses: oneDNN-packed bf16, int4pack, int8pack, or plain) and KV pools; it is registered
-// once per model runner and run once per step with the GIL released.
+// engine uses: oneDNN-packed bf16 / fp32, int4pack, int8pack, or plain) and KV pools; it is
+// registered once per model runner and run once per step with the GIL released.
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -20,7 +20,9 @@
 
 namespace {
 
-enum LinearKind : int64_t { kPacked = 0, kInt4 = 1, kInt8 = 2, kDense = 3 };
+// kPackedUpcast: a bf16 layer on a CPU without bf16 GEMMs, packed as its weight's fp32 image
+// (layers/linear.py): fp32 GEMM, output rounded back to the activations' dtype.
+enum LinearKind : int64_t { kPacked = 0, kInt4 = 1, kInt8 = 2, kDense = 3, kPackedUpcast = 4 };
 
 struct PlanLinear {
   int64_t kind = kDense;
@@ -45,24 +47,29 @@ std::vector<std::unique_ptr<Plan>> plans;
 
 at::Tensor optional_tensor(const at::Tensor& t) { return t.numel() ? t : at::Tensor(); }
 
+at::Tensor run_packed(const PlanLinear& l, const at::Tensor& x) {
+  // mkldnn::_linear_pointwise(X, W, B?, attr, scalars, algorithm?), boxed: it has no public C++
+  // header.
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack;
+  stack.reserve(6);
+  stack.emplace_back(x);
+  stack.emplace_back(l.w);
+  stack.emplace_back(l.bias.defined() ? c10::IValue(l.bias) : c10::IValue());
+  stack.emplace_back(std::string("none"));
+  stack.emplace_back(c10::List<std::optional<c10::Scalar>>());
+  stack.emplace_back(std::string(""));
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
 at::Tensor run_linear(const PlanLinear& l, const at::Tensor& x) {
   switch (l.kind) {
-    case kPacked: {
-      // mkldnn::_linear_pointwise(X, W, B?, attr, scalars, algorithm?), boxed: it has no
-      // public C++ header.
-      static const c10::OperatorHandle op =
-          c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-      torch::jit::Stack stack;
-      stack.reserve(6);
-      stack.emplace_back(x);
-      stack.emplace_back(l.w);
-      stack.emplace_back(l.bias.defined() ? c10::IValue(l.bias) : c10::IValue());
-      stack.emplace_back(std::string("none"));
-      stack.emplace_back(c10::List<std::optional<c10::Scalar>>());
-      stack.emplace_back(std::string(""));
-      op.callBoxed(&stack);
-      return stack[0].toTensor();
-    }
+    case kPacked:
+      return run_packed(l, x);
+    case kPackedUpcast:
+      return run_packed(l, x.to(at::kFloat)).to(x.scalar_type());
     case kInt4:
       return at::_weight_int4pack_mm_for_cpu(x, l.w, l.group, l.aux);
     case kInt8:
@@ -102,9 +109,10 @@ int64_t register_layer_plan(std::vector<at::Tensor> tensors, std::vector<int64_t
       lins[j]->bias = optional_tensor(t[4 + 3 * j]);
       lins[j]->kind = k[2 * j];
       lins[j]->group = k[2 * j + 1];
-      TORCH_CHECK(lins[j]->kind >= kPacked && lins[j]->kind <= kDense, "unknown linear kind");
+      TORCH_CHECK(lins[j]->kind >= kPacked && lins[j]->kind <= kPackedUpcast,
+                  "unknown linear kind");
       TORCH_CHECK(!lins[j]->bias.defined() || lins[j]->kind == kPacked ||
-                      lins[j]->kind == kDense,
+                      lins[j]->kind == kDense || lins[j]->kind == kPackedUpcast,
                   "register_layer_plan: int4 / int8 linears with a bias stay in Python");
     }
     layer.k_cache = t[14];
