@@ -12,15 +12,16 @@ _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 
 
 def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
-    """A dtype setting as a torch dtype. "auto" is bf16 on CUDA and on CPUs with native bf16
-    GEMMs, fp32 on other CPUs (specserve/hardware.py says why)."""
+    """A dtype setting as a torch dtype. "auto" is bf16 on CUDA and on CPUs where bf16 beats
+    fp32 (native bf16 GEMMs, or AVX2 for our small-row kernel), fp32 on other CPUs
+    (specserve/hardware.py says why)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        from specserve.hardware import cpu_has_bf16_gemm
+        from specserve.hardware import cpu_runs_bf16_well
 
-        native = torch.device(device).type == "cuda" or cpu_has_bf16_gemm()
-        return torch.bfloat16 if native else torch.float32
+        good = torch.device(device).type == "cuda" or cpu_runs_bf16_well()
+        return torch.bfloat16 if good else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)} or 'auto'")
     return _DTYPES[dtype]
@@ -95,7 +96,8 @@ class SchedulerConfig:
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str | None = None  # None: the embedded SmolLM2-135M-Instruct GGUF
-    # "auto": bf16 where the hardware runs it natively, else fp32; or bfloat16 | float32.
+    # "auto": bf16 where the hardware runs it well (nearly every x86-64 CPU, CUDA), else fp32;
+    # or bfloat16 | float32.
     dtype: str = "auto"
     # Where weights and KV pools live: "cpu", "cuda" or "cuda:N". Scheduling, sampling and the
     # n-gram proposer stay on the host (see docs/performance.md, "The CUDA path").

@@ -1,6 +1,7 @@
 """`specserve bench quant`: every weight and KV-cache precision side by side, with llama.cpp.
 
-For each mode (bf16, int8, int4, gguf, fp8 weights; int8 and fp8 KV caches), in a fresh process:
+For each mode (bf16, fp32, int8, int4, gguf, fp8 weights; int8 and fp8 KV caches), in a fresh
+process:
 model memory, KV blocks and the most 1k-token sequences a fixed KV budget holds, perplexity on
 the standard library's documentation text (bench/quality.py), and output tok/s at concurrency 1
 (requests one after another) and at concurrency 32 (one wave). llama.cpp (llama-cpp-python, when
@@ -18,8 +19,11 @@ from dataclasses import dataclass
 from specserve.bench.baselines import llama_cpp_available
 from specserve.bench.isolate import Progress, run_isolated
 
+# The KV modes and the weight-only modes run in the engine's "auto" dtype (bf16 where the CPU has
+# bf16 GEMMs, else fp32; the integer modes always bf16): each row records what it ran in.
 MODES: dict[str, dict] = {
-    "bf16": {},
+    "bf16": {"dtype": "bfloat16"},
+    "fp32": {"dtype": "float32"},
     "int8": {"quantization": "int8"},
     "int4": {"quantization": "int4"},
     "gguf": {"quantization": "gguf"},
@@ -67,7 +71,8 @@ def _measure_mode(name: str, settings: QuantSettings, progress: Progress) -> dic
     progress(f"{name}: concurrency {settings.batch}", 0)
     batch = bench_engine(llm, prompts[:settings.batch], settings.output_len)
     progress(f"{name}: done", 1)
-    return {"mode": name, "engine_kwargs": MODES[name], "load_s": load_s,
+    return {"mode": name, "engine_kwargs": MODES[name], "dtype": str(engine.dtype).split(".")[-1],
+            "load_s": load_s,
             "weight_bytes": engine.weight_bytes, "kv_cache_bytes": engine.runner.kv_cache_bytes,
             "kv_blocks": blocks, "max_1k_seqs": blocks * block_size // SEQ_LEN,
             "perplexity": ppl, "tok_s_c1": tokens / wall, "tok_s_batch": batch.output_tok_s,
@@ -148,19 +153,20 @@ def format_quant(result: dict) -> str:
     rows = result["rows"]
     ref = next((r for r in rows if r["mode"] == "bf16"), rows[0])
     lcpp = result["llama_cpp"]
-    lines = [f"{'mode':<22} {'weights MiB':>11} {'KV blocks':>9} {'1k seqs':>7} {'ppl':>8} "
-             f"{'Δppl %':>7} {'tok/s @1':>8} {'decode @1':>9} {'tok/s @' + str(s['batch']):>9} "
-             f"{'@1 vs llama.cpp':>15}"]
+    lines = [f"{'mode':<22} {'dtype':>8} {'weights MiB':>11} {'KV blocks':>9} {'1k seqs':>7} "
+             f"{'ppl':>8} {'Δppl %':>7} {'tok/s @1':>8} {'decode @1':>9} "
+             f"{'tok/s @' + str(s['batch']):>9} {'@1 vs llama.cpp':>15}"]
     for r in rows:
         vs = (f"{r['tok_s_c1'] / lcpp['tok_s_c1']:.2f}x / "
               f"{r['decode_tok_s_c1'] / lcpp['decode_tok_s_c1']:.2f}x" if lcpp else "-")
         lines.append(
-            f"{r['mode']:<22} {r['weight_bytes'] / 2**20:>11.1f} {r['kv_blocks']:>9} "
+            f"{r['mode']:<22} {r.get('dtype', ''):>8} {r['weight_bytes'] / 2**20:>11.1f} "
+            f"{r['kv_blocks']:>9} "
             f"{r['max_1k_seqs']:>7} {r['perplexity']:>8.3f} "
             f"{100 * (r['perplexity'] / ref['perplexity'] - 1):>+7.2f} {r['tok_s_c1']:>8.1f} "
             f"{r['decode_tok_s_c1']:>9.1f} {r['tok_s_batch']:>9.1f} {vs:>15}")
     if lcpp:
-        lines.append(f"{lcpp['mode']:<22} {'':>11} {'':>9} {'':>7} {'':>8} {'':>7} "
+        lines.append(f"{lcpp['mode']:<22} {'':>8} {'':>11} {'':>9} {'':>7} {'':>8} {'':>7} "
                      f"{lcpp['tok_s_c1']:>8.1f} {lcpp['decode_tok_s_c1']:>9.1f} {'':>9} "
                      f"{'1.00x / 1.00x':>15}")
     else:

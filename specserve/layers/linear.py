@@ -8,7 +8,10 @@ same GEMMs faster (measured in docs/performance.md).
 bf16 weights are packed as bf16 where the CPU runs bf16 GEMMs natively. Elsewhere (AVX2-only
 CPUs, specserve/hardware.py) a bf16 GEMM would take torch's slow generic path, so the layer packs
 the exact fp32 image of its bf16 weight and rounds the output to bf16: the same products with
-fp32 accumulation that a bf16 GEMM computes, at fp32 GEMM speed, for twice the weight bytes.
+fp32 accumulation that a bf16 GEMM computes, at fp32 GEMM speed. Reading that image costs twice
+the weight's bytes, which is what bounds decoding, so up to `small_rows()` rows the layer reads
+the bf16 weight itself with a kernel that widens it in registers (csrc/bf16_gemv.cpp): 2x faster
+at 1-4 rows on a 2-core Zen 3. Such a layer holds both (3x the bf16 bytes).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ import torch
 from torch import nn
 
 from specserve.hardware import cpu_can_pack_fp32, cpu_has_bf16_gemm
+from specserve.layers import paged_attention_ext
 
+_EMPTY = torch.empty(0)
 # Resolved once: looking the op up through torch.ops costs more than a batch-1 call of it.
 _LINEAR_POINTWISE = (torch.ops.mkldnn._linear_pointwise.default
                      if torch.backends.mkldnn.is_available() else None)
@@ -30,25 +35,39 @@ def can_pack(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and cpu_can_pack_fp32()
 
 
+def small_rows() -> int:
+    """Rows up to which a bf16 layer without native bf16 GEMMs reads its bf16 weight (the small-
+    row kernel); 0 when the kernel is not built with AVX2 + FMA here."""
+    ext = paged_attention_ext.module()
+    return ext.bf16_linear_max_rows() if ext is not None and ext.bf16_linear_vectorized() else 0
+
+
 class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = 32):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.dtype = weight.dtype  # of the activations in and out
-        # bf16 on a CPU without bf16 GEMMs: an fp32 GEMM on the weight's exact fp32 image.
+        # bf16 on a CPU without bf16 GEMMs: an fp32 GEMM on the weight's exact fp32 image, and
+        # the bf16 weight itself for a few rows.
         self.upcast = weight.dtype == torch.bfloat16 and not cpu_has_bf16_gemm()
         packed_dtype = torch.float32 if self.upcast else weight.dtype
         w = weight.detach().to(packed_dtype)
         # An opaque oneDNN tensor; it serves any number of rows (batch_hint only tunes it).
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w, batch_hint)
         self.bias = None if bias is None else bias.detach().to(packed_dtype)
-        self.weight_nbytes = w.nbytes
+        self.small_rows = small_rows() if self.upcast else 0
+        self.weight_bf16 = weight.detach().contiguous() if self.small_rows else _EMPTY
+        self._bias_or_empty = _EMPTY if self.bias is None else self.bias
+        self.weight_nbytes = w.nbytes + self.weight_bf16.nbytes
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, in] -> [n, out]
-        if self.upcast:
-            y = _LINEAR_POINTWISE(x.float(), self.packed, self.bias, "none", [], "")
-            return y.to(self.dtype)
-        return _LINEAR_POINTWISE(x, self.packed, self.bias, "none", [], "")
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        if not self.upcast:
+            return _LINEAR_POINTWISE(x, self.packed, self.bias, "none", [], "")
+        if x.dim() == 2 and x.shape[0] <= self.small_rows:
+            return paged_attention_ext.module().bf16_linear(x.contiguous(), self.weight_bf16,
+                                                            self._bias_or_empty)
+        y = _LINEAR_POINTWISE(x.float(), self.packed, self.bias, "none", [], "")
+        return y.to(self.dtype)
 
 
 def _dense_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None] | None:
@@ -63,7 +82,7 @@ def _dense_weights(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None
 def pack_linears(model: nn.Module) -> int:
     """Swap every bf16 / fp32 linear (plain, or a quantized layer's bf16 image; int8 / int4
     ones are left alone) for a PackedLinear. Returns the bytes added: a tied LM head gets its own
-    packed copy, and an fp32 image of a bf16 weight is twice the weight it replaces."""
+    packed copy, and an fp32 image of a bf16 weight (kept beside it) is twice its bytes."""
     added = 0
     for name, module in list(model.named_modules()):
         dense = _dense_weights(module)
@@ -75,5 +94,8 @@ def pack_linears(model: nn.Module) -> int:
         tied = weight is getattr(getattr(model, "embed_tokens", None), "weight", None)
         packed = PackedLinear(weight, bias)
         setattr(parent, child, packed)
-        added += packed.weight_nbytes - (0 if tied else weight.nbytes)
+        # The weight was counted before packing: when the module keeps it (small-row kernel)
+        # or it is not tied (dropped), its bytes are not new.
+        kept = packed.weight_bf16.numel() > 0
+        added += packed.weight_nbytes - (weight.nbytes if kept or not tied else 0)
     return added

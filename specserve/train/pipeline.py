@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from specserve.config import parse_dtype
+from specserve.layers.linear import pack_linears
 from specserve.models.llama import LlamaModel, build_model
 from specserve.models.loader import load_model
 from specserve.spec_decode.eagle_io import save_eagle
@@ -65,7 +66,9 @@ def _teacher(loaded, model: LlamaModel, dtype: str) -> LlamaModel:
     served = parse_dtype(dtype)
     if served == torch.float32:
         return model
-    return build_model(loaded.config, loaded.state_dict, served).requires_grad_(False)
+    teacher = build_model(loaded.config, loaded.state_dict, served).requires_grad_(False)
+    pack_linears(teacher)  # as served: a CPU without bf16 GEMMs needs the packed (fp32) path
+    return teacher
 
 
 def _report(method: str, loaded, cfg, data_cfg: DataConfig, data: DraftData,

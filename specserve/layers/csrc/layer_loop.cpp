@@ -21,7 +21,8 @@
 namespace {
 
 // kPackedUpcast: a bf16 layer on a CPU without bf16 GEMMs, packed as its weight's fp32 image
-// (layers/linear.py): fp32 GEMM, output rounded back to the activations' dtype.
+// (layers/linear.py): fp32 GEMM, output rounded back to the activations' dtype; a few rows read
+// the bf16 weight itself instead.
 enum LinearKind : int64_t { kPacked = 0, kInt4 = 1, kInt8 = 2, kDense = 3, kPackedUpcast = 4 };
 
 struct PlanLinear {
@@ -68,7 +69,9 @@ at::Tensor run_linear(const PlanLinear& l, const at::Tensor& x) {
   switch (l.kind) {
     case kPacked:
       return run_packed(l, x);
-    case kPackedUpcast:
+    case kPackedUpcast:  // aux: the bf16 weight, read directly for a few rows (bf16_gemv.cpp)
+      if (l.aux.numel() && x.size(0) <= kBf16LinearMaxRows)
+        return bf16_linear_impl(x, l.aux, l.bias.defined() ? l.bias : at::Tensor());
       return run_packed(l, x.to(at::kFloat)).to(x.scalar_type());
     case kInt4:
       return at::_weight_int4pack_mm_for_cpu(x, l.w, l.group, l.aux);
