@@ -18,7 +18,8 @@ from specserve.layers import paged_attention_ext
 from specserve.llm import LLM
 from specserve.sampling_params import SamplingParams
 
-MATMUL_OPS = {"aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "aten::_weight_int8pack_mm",
+MATMUL_OPS = {"aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "specserve::bf16_linear",
+              "aten::_weight_int8pack_mm",
               "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int4pack_mm"}
 ATTENTION_OPS = {"aten::bmm", "aten::_softmax", "aten::index_select", "aten::index_copy_",
                  "specserve::paged_attention_short"}

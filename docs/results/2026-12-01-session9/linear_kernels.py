@@ -25,6 +25,7 @@ for m in (1, 4, 16, 32, 64, 256):
         row['fp32 mkl packed'] = bench(lambda: torch.ops.mkl._mkl_linear(x32, pm, w, None, m))
     except Exception as e: row['fp32 mkl packed'] = float('nan'); print('mkl', e)
     wb = w.bfloat16()
+    row['bf16 F.linear'] = bench(lambda: torch.nn.functional.linear(xb, wb), n=5)
     row['bf16->fp32 upcast'] = bench(lambda: torch.nn.functional.linear(xb.float(), w).bfloat16())
     q = torch.randint(-127, 127, (N, K), dtype=torch.int8); s = torch.rand(N).bfloat16()
     row['int8pack bf16 act'] = bench(lambda: torch._weight_int8pack_mm(xb, q, s))

@@ -18,6 +18,7 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/record_function.h>
 #include <c10/util/BFloat16.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -132,6 +133,7 @@ at::Tensor bf16_linear_impl(const at::Tensor& x, const at::Tensor& w, const at::
   const bool has_bias = bias.defined() && bias.numel() > 0;
   TORCH_CHECK(!has_bias || (bias.dim() == 1 && bias.size(0) == N),
               "bf16_linear: bias must be [N] or empty");
+  RECORD_FUNCTION("specserve::bf16_linear", std::vector<c10::IValue>());  // for bench profile
   const at::Tensor xf = x.to(at::kFloat).contiguous();  // [M, K] fp32: small, reused N times
   at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
   const float* xp = xf.data_ptr<float>();
