@@ -57,7 +57,7 @@ def load_converted(
             pass  # a partial or foreign file: convert again and overwrite it
     cfg, sd, raw = convert()
     tensors = {k: v.contiguous() for k, v in sd.items()}
-    tensors.update({_RAW + n: torch.from_numpy(np.ascontiguousarray(rows))
+    tensors.update({_RAW + n: torch.from_numpy(np.array(rows))  # a writable copy
                     for n, (rows, _) in raw.items()})
     meta = {"config": json.dumps(dataclasses.asdict(cfg)),
             "raw_types": json.dumps({n: qtype for n, (_, qtype) in raw.items()})}
