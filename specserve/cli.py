@@ -29,8 +29,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="a local Hugging Face directory or .gguf file (default: the embedded "
                         "SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="auto",
-                   help="auto (bf16 where the hardware runs it natively, else fp32) | bfloat16 | "
-                        "float32")
+                   help="auto (bf16 wherever it beats fp32 on this hardware, else fp32) | "
+                        "bfloat16 | float32")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (weights and KV pools)")
     p.add_argument("--quantization", default=None, help="int8 | int4 | gguf | fp8")
     p.add_argument("--kv-cache-memory", type=parse_memory, default=1 << 30,

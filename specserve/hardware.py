@@ -18,30 +18,27 @@ import torch
 
 
 @cache
+def _onednn_packs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs (and so runs natively) linear weights of this dtype on this CPU.
+    Probed by packing a tiny weight: the op raises where the ISA is missing."""
+    if not (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), 1)
+    except RuntimeError:
+        return False
+    return True
+
+
 def cpu_has_bf16_gemm() -> bool:
-    """Whether oneDNN can pack (and so run natively) bf16 linear weights on this CPU. Probed by
-    packing a tiny weight: the op raises where the ISA is missing."""
-    if not (torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
-        return False
-    try:
-        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), 1)
-    except RuntimeError:
-        return False
-    return True
+    """Native bf16 GEMMs: AVX-512 (BW/VL/DQ), AVX-NE-CONVERT or AMX."""
+    return _onednn_packs(torch.bfloat16)
 
 
-@cache
 def cpu_can_pack_fp32() -> bool:
-    """Whether oneDNN can pack fp32 linear weights here (any x86-64 with AVX2 can)."""
-    if not (torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
-        return False
-    try:
-        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16), 1)
-    except RuntimeError:
-        return False
-    return True
+    """oneDNN-packed fp32 GEMMs (any x86-64 with AVX2)."""
+    return _onednn_packs(torch.float32)
 
 
 @cache
