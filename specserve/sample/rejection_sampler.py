@@ -43,6 +43,8 @@ from __future__ import annotations
 
 import torch
 
+from specserve.sample.argmax import argmax
+
 # Pads ``output_token_ids`` past each request's emitted tokens.
 PLACEHOLDER_TOKEN_ID = -1
 
@@ -80,7 +82,7 @@ def sample_with_noise(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
 
     probs: [num_rows, vocab_size]; noise: [num_rows, vocab_size]. Returns [num_rows] int64.
     """
-    return probs.div(noise).argmax(dim=-1)
+    return argmax(probs.div(noise))
 
 
 def sample_from_probs(
@@ -235,7 +237,7 @@ def rejection_sample(
     pos_of_token = torch.arange(num_draft, device=device) - draft_starts[req_of_token]
     target_row_of_token = torch.arange(num_draft, device=device) + req_of_token  # [num_draft]
 
-    target_argmax = target_probs.argmax(dim=-1)  # [num_draft + batch]
+    target_argmax = argmax(target_probs)  # [num_draft + batch]
     accept_greedy = draft_token_ids == target_argmax[target_row_of_token]  # [num_draft]
     all_greedy = bool(is_greedy.all())
     # A greedy request never draws from its own generator (alone it would draw nothing).

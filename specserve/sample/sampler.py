@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from specserve.sample.argmax import argmax
 from specserve.sample.rejection_sampler import sample_from_probs
 
 
@@ -51,7 +52,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor 
            top_p: torch.Tensor | None, generators: list[torch.Generator | None]) -> torch.Tensor:
     """logits: [n, vocab] fp32 -> [n] sampled token ids. Rows with temperature 0 are greedy;
     only the random rows pay for the softmax, the filters and the noise."""
-    tokens = logits.argmax(dim=-1)
+    tokens = argmax(logits)
     is_random = temperature >= 1e-5
     if not bool(is_random.any()):
         return tokens
