@@ -318,3 +318,27 @@ def test_unused_ngram_guesses_still_teach_the_acceptance_estimate():
     assert seen and all(n == 1 for n, _ in seen)
     assert any(a for _, a in seen)  # the prompt repeats itself: some guesses were right
     assert len(out[0].outputs[0].token_ids) == 24
+
+
+def test_the_guess_after_the_chosen_k_is_learned_from_the_bonus_token():
+    """With K = 1 chosen, the n-gram's second guess is checked against the bonus token whenever
+    the first was accepted: position 2 is observed (a position beyond K used to keep whatever
+    estimate an earlier workload left), no extra draft is verified or counted, and the output
+    stays that of no speculation."""
+    spec = LLM(dtype="float32", speculative_config=NGRAM, speculation_policy="adaptive")
+    policy = spec.engine.spec_policy
+    policy.choose = lambda reqs, *args, **kwargs: [1] * len(reqs)
+    seen: list[tuple[int, int]] = []
+    observe = policy.acceptance.observe
+    policy.acceptance.observe = lambda rid, n, a: (seen.append((n, a)), observe(rid, n, a))
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    out = spec.generate([PROMPT], params)
+    stats = spec.get_stats()
+    assert stats["num_verifications"] > 0
+    assert stats["num_draft_tokens"] == stats["num_verifications"]  # one real draft each
+    assert any(n == 2 for n, _ in seen)  # position 2, learned from the bonus token
+    # position 2 is seen only after an accepted first draft; never anything deeper
+    assert all(n <= 2 and a <= n and (n == 1 or a >= 1) for n, a in seen)
+    assert any(a == 2 for _, a in seen)  # the prompt repeats itself: some second guesses right
+    plain = LLM(dtype="float32").generate([PROMPT], params)
+    assert out[0].outputs[0].token_ids == plain[0].outputs[0].token_ids

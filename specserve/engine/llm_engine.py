@@ -252,12 +252,18 @@ class LLMEngine:
         outputs = []
         row = 0
         for (req, k), tokens in zip(sampling, emitted, strict=True):
+            # The first unused guess (position k + 1) is checked against the token the target
+            # emitted there, when it got there: after k accepted drafts (or with k = 0). Not
+            # when the token budget cut the drafts short: the guess is for another position.
+            guess = self._shadow.get(req.request_id) if self._shadow else None
+            if guess is not None and k != len(req.spec_token_ids):
+                guess = None
             if k:
-                self._on_verified(req, k, len(tokens) - 1)
-            elif self._shadow:
-                guess = self._shadow.get(req.request_id)
-                if guess is not None:  # an unused guess: would it have been accepted?
-                    self.spec_policy.observe_verification(req, 1, int(tokens[0] == guess))
+                all_in = len(tokens) == k + 1
+                self._on_verified(req, k, len(tokens) - 1,
+                                  None if guess is None or not all_in else tokens[k] == guess)
+            elif guess is not None:  # an unused guess: would it have been accepted?
+                self.spec_policy.observe_verification(req, 1, int(tokens[0] == guess))
             req.spec_token_ids, req.spec_probs = [], None
             if req.params.logprobs is not None:
                 record_logprobs(req, logits[row:row + len(tokens)], tokens)
@@ -294,8 +300,16 @@ class LLMEngine:
             if not req.is_finished and valid > 0:
                 self.proposer.on_target_hidden(req, before, hidden[start:start + valid])
 
-    def _on_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:
-        """Roll the target's cache back past the rejected draft tokens."""
+    def _on_verified(self, req: Request, num_draft: int, num_accepted: int,
+                     next_guess_right: bool | None = None) -> None:
+        """Roll the target's cache back past the rejected draft tokens. next_guess_right:
+        whether a free proposer's unused guess for position num_draft + 1 equals the bonus
+        token (None: no such guess, or a draft was rejected). The bonus token is the target's
+        own choice there, so this is what verifying the guess would have given (for a point-
+        mass guess under sampling too: P(bonus == guess) = p_target(guess), its acceptance
+        rate); the policy learns it as one more draft position. Without it a position beyond
+        the chosen K was never observed, and its estimate stayed where an earlier workload
+        had left it (rag at concurrency 1 ran at K = 1 after prose and json: 0.88x static:4)."""
         req.num_computed_tokens -= num_draft - num_accepted
         req.num_draft_tokens += num_draft
         req.num_accepted_tokens += num_accepted
@@ -303,7 +317,11 @@ class LLMEngine:
         self.stats.num_accepted_tokens += num_accepted
         self.stats.num_verifications += 1
         self.proposer.on_verified(req, num_draft, num_accepted)
-        self.spec_policy.observe_verification(req, num_draft, num_accepted)
+        if next_guess_right is None:
+            self.spec_policy.observe_verification(req, num_draft, num_accepted)
+        else:
+            self.spec_policy.observe_verification(req, num_draft + 1,
+                                                  num_accepted + int(next_guess_right))
 
     def _propose(self) -> None:
         """Choose K per decoding request (the policy) and guess that many tokens."""
@@ -437,10 +455,11 @@ class LLMEngine:
 
     def _set_shadow(self, reqs: list[Request], chosen: list[int], found: list[list[int]]
                     ) -> None:
-        """Remember the first unused guess of each request that will not speculate: after the
-        step it is checked against the sampled token, as a verification of one draft."""
-        self._shadow = {r.request_id: t[0] for r, k, t in zip(reqs, chosen, found, strict=True)
-                        if t and not k}
+        """Remember the first unused guess of each request, t[k] for a request that drafts k
+        of its guesses: after the step it is checked against the token the target emitted at
+        that position (when it got there), as a verification of one more draft."""
+        self._shadow = {r.request_id: t[k] for r, k, t in zip(reqs, chosen, found, strict=True)
+                        if len(t) > k}
 
     def _free_spec_state(self, req: Request) -> None:
         req.spec_token_ids, req.spec_probs = [], None
