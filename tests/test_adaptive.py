@@ -193,6 +193,22 @@ def test_acceptance_tracker_keeps_a_rate_per_position():
                                np.stack([acc.estimate(r) for r in ("r", "new", "s")]))
 
 
+def test_lower_estimates_rank_a_long_record_above_a_lucky_streak():
+    """Choosing among requests by their estimates picks the lucky ones; the lower estimate
+    discounts few trials: two hits in two rank below twenty in twenty, and a request never
+    observed lowest, each by a margin that shrinks with its evidence."""
+    acc = AcceptanceTracker(4, prior=0.3)
+    for _ in range(20):
+        acc.observe("steady", 1, 1)
+    for _ in range(2):
+        acc.observe("streak", 1, 1)
+    ids = ["steady", "streak", "new"]
+    est, low = acc.estimates(ids)[:, 0], acc.lower_estimates(ids)[:, 0]
+    assert (low <= est).all() and (low >= 0).all()
+    assert low[0] > low[1] > low[2]  # more evidence, higher lower bound
+    assert est[0] - low[0] < est[1] - low[1] < est[2] - low[2]  # less evidence, wider margin
+
+
 def test_drafts_that_stay_right_once_started_are_worth_k_max():
     """Same first-position rate, different depth: a geometric 0.3 buys short drafts at most, but
     0.3 followed by 0.95 per position makes the full draft pay."""

@@ -81,5 +81,19 @@ class AcceptanceTracker:
                           ).reshape(len(request_ids), 2 * p)
         return (counts[:, :p] + w * self.global_rates) / (counts[:, p:] + w)
 
+    def lower_estimates(self, request_ids: list[str], z: float = 1.0) -> np.ndarray:
+        """estimates() minus z standard errors of each (its trials plus the prior's weight):
+        what the controller ranks requests by when it chooses among several. Picking the
+        requests with the highest estimates picks the lucky ones: with a few trials each, the
+        chosen requests' estimates run above what they then deliver (measured: rag at
+        concurrency 16 speculated at an estimated ~0.6-0.8 and was accepted 34% of the time,
+        0.93x off)."""
+        p, w = self.num_positions, self.prior_weight
+        counts = np.array([self.per_request.get(r, self._none) for r in request_ids]
+                          ).reshape(len(request_ids), 2 * p)
+        n = counts[:, p:] + w
+        est = (counts[:, :p] + w * self.global_rates) / n
+        return np.clip(est - z * np.sqrt(est * (1 - est) / n), 0.0, 1.0)
+
     def forget(self, request_id: str) -> None:
         self.per_request.pop(request_id, None)

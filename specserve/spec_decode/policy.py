@@ -147,7 +147,11 @@ class AdaptivePolicy(SpecPolicy):
 
     def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
                caps=None):
-        alphas = self.acceptance.estimates([r.request_id for r in reqs])
+        ids = [r.request_id for r in reqs]
+        # One request: its own estimate. Several: lower estimates, so that drafts go to the
+        # requests that are likely good rather than those that were lucky (acceptance.py).
+        alphas = self.acceptance.estimates(ids) if len(ids) == 1 else \
+            self.acceptance.lower_estimates(ids)
         k_max = np.array([self.request_k_max(r) for r in reqs])
         if caps is not None:  # drafts past the cap would be cut: do not plan (or pay) for them
             k_max = np.minimum(k_max, caps)
