@@ -318,16 +318,23 @@ def test_switching_the_policy_in_place_profiles_once_and_stays_lossless(llm):
     assert first_profile is not None and engine.spec_policy.target_cost is first_profile[0]
 
 
+def ngram_engine_choosing(k: int) -> tuple[LLM, list[tuple[int, int]]]:
+    """An adaptive n-gram engine whose plan is always K = k, and the (drafts, accepted) pairs
+    its acceptance tracker is then told."""
+    spec = LLM(dtype="float32", speculative_config=NGRAM, speculation_policy="adaptive")
+    policy = spec.engine.spec_policy
+    policy.choose = lambda reqs, *args, **kwargs: [k] * len(reqs)
+    seen: list[tuple[int, int]] = []
+    observe = policy.acceptance.observe
+    policy.acceptance.observe = lambda rid, n, a: (seen.append((n, a)), observe(rid, n, a))
+    return spec, seen
+
+
 def test_unused_ngram_guesses_still_teach_the_acceptance_estimate():
     """With K = 0 chosen, an n-gram guess that was looked up is checked against the sampled
     token: the estimates keep moving (a request given up on early can come back), and no draft
     is verified or counted."""
-    spec = LLM(dtype="float32", speculative_config=NGRAM, speculation_policy="adaptive")
-    policy = spec.engine.spec_policy
-    policy.choose = lambda reqs, *args, **kwargs: [0] * len(reqs)
-    seen: list[tuple[int, int]] = []
-    observe = policy.acceptance.observe
-    policy.acceptance.observe = lambda rid, n, a: (seen.append((n, a)), observe(rid, n, a))
+    spec, seen = ngram_engine_choosing(0)
     out = spec.generate([PROMPT], SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
     stats = spec.get_stats()
     assert stats["num_draft_tokens"] == 0 and stats["num_verifications"] == 0
@@ -341,12 +348,7 @@ def test_the_guess_after_the_chosen_k_is_learned_from_the_bonus_token():
     the first was accepted: position 2 is observed (a position beyond K used to keep whatever
     estimate an earlier workload left), no extra draft is verified or counted, and the output
     stays that of no speculation."""
-    spec = LLM(dtype="float32", speculative_config=NGRAM, speculation_policy="adaptive")
-    policy = spec.engine.spec_policy
-    policy.choose = lambda reqs, *args, **kwargs: [1] * len(reqs)
-    seen: list[tuple[int, int]] = []
-    observe = policy.acceptance.observe
-    policy.acceptance.observe = lambda rid, n, a: (seen.append((n, a)), observe(rid, n, a))
+    spec, seen = ngram_engine_choosing(1)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     out = spec.generate([PROMPT], params)
     stats = spec.get_stats()

@@ -256,14 +256,12 @@ class LLMEngine:
             # emitted there, when it got there: after k accepted drafts (or with k = 0). Not
             # when the token budget cut the drafts short: the guess is for another position.
             guess = self._shadow.get(req.request_id) if self._shadow else None
-            if guess is not None and k != len(req.spec_token_ids):
-                guess = None
+            hit = None if guess is None or k != len(req.spec_token_ids) \
+                or len(tokens) != k + 1 else tokens[k] == guess
             if k:
-                all_in = len(tokens) == k + 1
-                self._on_verified(req, k, len(tokens) - 1,
-                                  None if guess is None or not all_in else tokens[k] == guess)
-            elif guess is not None:  # an unused guess: would it have been accepted?
-                self.spec_policy.observe_verification(req, 1, int(tokens[0] == guess))
+                self._on_verified(req, k, len(tokens) - 1, hit)
+            elif hit is not None:  # an unused guess: would it have been accepted?
+                self.spec_policy.observe_verification(req, 1, int(hit))
             req.spec_token_ids, req.spec_probs = [], None
             if req.params.logprobs is not None:
                 record_logprobs(req, logits[row:row + len(tokens)], tokens)

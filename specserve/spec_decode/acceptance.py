@@ -76,10 +76,15 @@ class AcceptanceTracker:
     def estimates(self, request_ids: list[str]) -> np.ndarray:
         """[len(request_ids), P]: estimate() for many requests in one vector expression (the
         controller asks for the whole batch every step)."""
+        return self._estimates_and_weights(request_ids)[0]
+
+    def _estimates_and_weights(self, request_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """([n, P] estimates, [n, P] trials behind each: the request's own plus the prior's)."""
         p, w = self.num_positions, self.prior_weight
         counts = np.array([self.per_request.get(r, self._none) for r in request_ids]
                           ).reshape(len(request_ids), 2 * p)
-        return (counts[:, :p] + w * self.global_rates) / (counts[:, p:] + w)
+        trials = counts[:, p:] + w
+        return (counts[:, :p] + w * self.global_rates) / trials, trials
 
     def lower_estimates(self, request_ids: list[str], z: float = 1.0) -> np.ndarray:
         """estimates() minus z standard errors of each (its trials plus the prior's weight):
@@ -88,12 +93,8 @@ class AcceptanceTracker:
         chosen requests' estimates run above what they then deliver (measured: rag at
         concurrency 16 speculated at an estimated ~0.6-0.8 and was accepted 34% of the time,
         0.93x off)."""
-        p, w = self.num_positions, self.prior_weight
-        counts = np.array([self.per_request.get(r, self._none) for r in request_ids]
-                          ).reshape(len(request_ids), 2 * p)
-        n = counts[:, p:] + w
-        est = (counts[:, :p] + w * self.global_rates) / n
-        return np.clip(est - z * np.sqrt(est * (1 - est) / n), 0.0, 1.0)
+        est, trials = self._estimates_and_weights(request_ids)
+        return np.clip(est - z * np.sqrt(est * (1 - est) / trials), 0.0, 1.0)
 
     def forget(self, request_id: str) -> None:
         self.per_request.pop(request_id, None)

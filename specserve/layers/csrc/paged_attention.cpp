@@ -462,20 +462,14 @@ inline void tile_head(Scratch& sc, const C* __restrict kc, const C* __restrict v
   }
 }
 
-// Prefetch (into L2) the K and V slots of an item's first `keys` keys. The thread calls it for
-// the item it will run next before it runs the current one: an item used to start cold, its
-// first tile waiting on DRAM, and at decode (one query per sequence, ~100-300 keys) that start
-// is a large share of the item.
+// Prefetch into L2 (T1) the K and V slots of keys [from, to) of the sequence whose block-table
+// row is `table`: all KV heads of a slot are adjacent, slot_bytes each in K and in V.
 template <typename C>
-void prefetch_item_start(const Params& p, const Run& run, const Item& it, int64_t keys) {
-  const C* kc = static_cast<const C*>(p.k_cache);
-  const C* vc = static_cast<const C*>(p.v_cache);
-  const int32_t* table = p.block_tables + static_cast<int64_t>(run.seq) * p.max_blocks;
-  const int64_t bs = p.block_size, slot_elems = p.num_kv_heads * p.head_dim;
+void prefetch_keys(const C* kc, const C* vc, const int32_t* table, int64_t bs,
+                   int64_t slot_elems, int64_t from, int64_t to) {
   const int64_t slot_bytes = slot_elems * static_cast<int64_t>(sizeof(C));
-  const int64_t end = std::min<int64_t>({it.k1, static_cast<int64_t>(run.max_len), it.k0 + keys});
-  int64_t blk = it.k0 / bs, off = it.k0 % bs;
-  for (int64_t pos = it.k0; pos < end; ++pos) {
+  int64_t blk = from / bs, off = from % bs;
+  for (int64_t pos = from; pos < to; ++pos) {
     const int64_t e = (static_cast<int64_t>(table[blk]) * bs + off) * slot_elems;
     const char* kp = reinterpret_cast<const char*>(kc + e);
     const char* vp = reinterpret_cast<const char*>(vc + e);
@@ -488,6 +482,17 @@ void prefetch_item_start(const Params& p, const Run& run, const Item& it, int64_
       ++blk;
     }
   }
+}
+
+// Prefetch an item's first `keys` keys. The thread calls it for the item it will run next
+// before it runs the current one: an item used to start cold, its first tile waiting on DRAM,
+// and at decode (one query per sequence, ~100-300 keys) that start is a large share of the item.
+template <typename C>
+void prefetch_item_start(const Params& p, const Run& run, const Item& it, int64_t keys) {
+  const int64_t end = std::min<int64_t>({it.k1, static_cast<int64_t>(run.max_len), it.k0 + keys});
+  prefetch_keys(static_cast<const C*>(p.k_cache), static_cast<const C*>(p.v_cache),
+                p.block_tables + static_cast<int64_t>(run.seq) * p.max_blocks, p.block_size,
+                p.num_kv_heads * p.head_dim, it.k0, end);
 }
 
 // One work item: all heads of a run of query tokens over the keys [it.k0, it.k1).
@@ -531,7 +536,6 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
   const int32_t* table = p.block_tables + static_cast<int64_t>(run.seq) * p.max_blocks;
   const int64_t bs = p.block_size;
   const int64_t slot_elems = KVH * D;  // K (or V) of one slot, all KV heads: contiguous
-  const int64_t slot_bytes = slot_elems * static_cast<int64_t>(sizeof(C));
   const int64_t kend = std::min<int64_t>(it.k1, run.max_len);
 
   // Element offsets of the slots of keys [j0, j0 + n) (one division per tile, not per key).
@@ -554,20 +558,8 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
   auto prefetch_until = [&](int64_t end) {
     end = std::min(end, kend);
     if (pf_pos >= end) return;
-    int64_t blk = pf_pos / bs, off = pf_pos % bs;
-    for (; pf_pos < end; ++pf_pos) {
-      const int64_t e = (static_cast<int64_t>(table[blk]) * bs + off) * slot_elems;
-      const char* kp = reinterpret_cast<const char*>(kc + e);
-      const char* vp = reinterpret_cast<const char*>(vc + e);
-      for (int64_t b = 0; b < slot_bytes; b += 64) {  // into L2 (T1), see below
-        __builtin_prefetch(kp + b, 0, 2);
-        __builtin_prefetch(vp + b, 0, 2);
-      }
-      if (++off == bs) {
-        off = 0;
-        ++blk;
-      }
-    }
+    prefetch_keys(kc, vc, table, bs, slot_elems, pf_pos, end);
+    pf_pos = end;
   };
   prefetch_until(it.k0 + PREFETCH_KEYS);
   for (int64_t j0 = it.k0; j0 < kend; j0 += TILE) {
