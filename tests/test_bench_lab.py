@@ -230,7 +230,7 @@ def test_lab_finds_cached_drafts_and_trains_only_with_a_budget(tmp_path, monkeyp
         assert path.is_relative_to(tmp_path)
         assert trained_draft(None, method, minutes=0) is None  # nothing cached, no budget
         path.mkdir(parents=True)
-        (path / "training.json").write_text(json.dumps({"recipe": RECIPE}))
+        (path / "training.json").write_text(json.dumps({"recipe": RECIPE[method]}))
         caplog.clear()
         assert trained_draft(None, method, minutes=0) == path
         assert "older recipe" not in caplog.text

@@ -20,7 +20,7 @@ def tiny(tmp_path_factory):
     return str(make_tiny_model(tmp_path_factory.mktemp("loop") / "llama", num_layers=3))
 
 
-def _step_both_ways(llm: LLM):
+def _step_both_ways(llm: LLM, aux_layers: tuple[int, ...] = ()):
     """Prefill three requests partly (Python path), then one decode-shaped step (1, 3 and 1
     query tokens: decodes and a verification-sized run) through the model and through the
     loop, from the same pool contents."""
@@ -36,12 +36,13 @@ def _step_both_ways(llm: LLM):
     inputs = runner.prepare(list(zip(reqs, query, strict=True)))
     assert LayerLoop.accepts(inputs.meta)
     pools = [(c.k.clone(), c.v.clone()) for c in runner.kv_caches]
-    want = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta)
+    aux = {"aux_layers": aux_layers} if aux_layers else {}
+    want = runner.model(inputs.input_ids, inputs.positions, runner.kv_caches, inputs.meta, **aux)
     want_pools = [(c.k.clone(), c.v.clone()) for c in runner.kv_caches]
     for c, (k, v) in zip(runner.kv_caches, pools, strict=True):
         c.k.copy_(k)
         c.v.copy_(v)
-    got = runner.layer_loop.forward(inputs.input_ids, inputs.positions, inputs.meta)
+    got = runner.layer_loop.forward(inputs.input_ids, inputs.positions, inputs.meta, **aux)
     return want, got, want_pools, [(c.k, c.v) for c in runner.kv_caches]
 
 
@@ -60,6 +61,17 @@ def test_loop_matches_the_model_bit_for_bit(tiny, kwargs):
     assert torch.equal(got, want)
     for (wk, wv), (gk, gv) in zip(want_pools, got_pools, strict=True):
         assert torch.equal(gk, wk) and torch.equal(gv, wv)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_loop_returns_the_streams_an_eagle_head_fuses(tiny, dtype):
+    """The residual streams after the asked layers (a fused-feature head's inputs), exactly as
+    the Python path computes them."""
+    llm = LLM(tiny, kv_cache_memory=8 << 20, dtype=dtype)
+    (want, want_aux), (got, got_aux), _, _ = _step_both_ways(llm, aux_layers=(0, 1))
+    assert torch.equal(got, want) and len(got_aux) == len(want_aux) == 2
+    assert all(torch.equal(g, w) for g, w in zip(got_aux, want_aux, strict=True))
+    assert not torch.equal(got_aux[0], got_aux[1])
 
 
 def test_loop_runs_bf16_as_fp32_images_where_bf16_gemms_are_not_native(tiny, monkeypatch):

@@ -35,7 +35,7 @@ def trained_draft(target: str | None, method: str, minutes: float,
     path = cached_path(target, method)
     report = path / "training.json"
     if report.is_file():
-        if json.loads(report.read_text()).get("recipe", 1) >= RECIPE:
+        if json.loads(report.read_text()).get("recipe", 1) >= RECIPE[method]:
             return path
         if minutes <= 0:
             logger.warning("%s was trained with an older recipe; retrain it with "

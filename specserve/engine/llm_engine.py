@@ -106,6 +106,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         if self.proposer is not None:
             self.proposer.allocate_kv_cache(num_blocks)
+            self.runner.aux_layers = self.proposer.aux_layers
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.max_model_len = min(cfg.max_position, num_blocks * cache.block_size)
         logger.info("KV cache: %d blocks x %d tokens, %s, %.0f MiB; holds %d tokens = %d "

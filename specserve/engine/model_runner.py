@@ -56,6 +56,9 @@ class ModelRunner:
         # Decode-shaped steps run the decoder layers in one C++ call when the model allows it.
         self.layer_loop = (LayerLoop.build(model, self.kv_caches, self.block_size)
                            if self.use_kernel else None)
+        # Layers whose output residual stream an EAGLE head reads beside the final hidden
+        # states (its fused features); set by the engine for such a proposer.
+        self.aux_layers: tuple[int, ...] = ()
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -162,18 +165,23 @@ class ModelRunner:
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the forward; return hidden states [num_tokens, hidden] (on the model's device) and
         logits of the rows in logits_indices [n, vocab] fp32 on the host, where sampling runs
-        (per-request seeded generators are host generators). model_inputs: what the model takes
+        (per-request seeded generators are host generators). With aux_layers set, the hidden
+        states come with the residual streams after those layers appended along the last dim
+        ([num_tokens, hidden * (1 + len(aux_layers))]). model_inputs: what the model takes
         after the metadata (an EAGLE head's features). on_forward: see LLMEngine.step; called
         as late as possible, just before the layers run (with the GIL released, on the layer
         loop)."""
+        aux = {"aux_layers": self.aux_layers} if self.aux_layers else {}
         if self.layer_loop is not None and not model_inputs and \
                 self.layer_loop.accepts(inputs.meta):
-            hidden = self.layer_loop.forward(inputs.input_ids, inputs.positions, inputs.meta,
-                                             before_layers=on_forward)
+            out = self.layer_loop.forward(inputs.input_ids, inputs.positions, inputs.meta,
+                                          before_layers=on_forward, **aux)
         else:
             if on_forward is not None:
                 on_forward()
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
-                                *model_inputs)
+            out = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.meta,
+                             *model_inputs, **aux)
+        hidden, streams = out if aux else (out, [])
         rows = hidden.index_select(0, logits_indices.to(self.device))
-        return hidden, self.model.compute_logits(rows).cpu()
+        logits = self.model.compute_logits(rows).cpu()
+        return (torch.cat([hidden, *streams], dim=-1) if streams else hidden), logits

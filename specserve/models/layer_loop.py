@@ -90,17 +90,19 @@ class LayerLoop:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata, before_layers: Callable[[], None] | None = None
-                ) -> torch.Tensor:
-        """What LlamaModel.forward returns: the final normed hidden states [num_tokens, hidden].
-        before_layers is called right before the layers run, which is the GIL-free stretch of
-        the step."""
+                meta: AttentionMetadata, before_layers: Callable[[], None] | None = None,
+                aux_layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, list]:
+        """What LlamaModel.forward returns: the final normed hidden states [num_tokens, hidden]
+        (with aux_layers: and the residual streams after them). before_layers is called right
+        before the layers run, which is the GIL-free stretch of the step."""
         m = self.model
         cos, sin = m.rotary.lookup(positions)
         g = meta.groups[0]
         embeds = m.embed_tokens(input_ids)
         if before_layers is not None:
             before_layers()
-        x, residual = self._run(self.plan_id, embeds, cos, sin,
-                                meta.slot_mapping, g.block_tables, g.token_seq, g.token_pos)
-        return m.norm(x, residual)[0]
+        x, residual, aux = self._run(self.plan_id, embeds, cos, sin, meta.slot_mapping,
+                                     g.block_tables, g.token_seq, g.token_pos,
+                                     sorted(aux_layers))
+        hidden = m.norm(x, residual)[0]
+        return (hidden, aux) if aux_layers else hidden

@@ -94,14 +94,20 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[LayerKVCache],
-                meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden]."""
+                kv_caches: list[LayerKVCache], meta: AttentionMetadata,
+                aux_layers: tuple[int, ...] = ()) -> torch.Tensor | tuple[torch.Tensor, list]:
+        """input_ids, positions: [num_tokens] -> final hidden states [num_tokens, hidden].
+        With aux_layers (an EAGLE head's fused features), also the residual stream after each
+        of those layers: (hidden, [stream, ...])."""
         x, residual = self.embed_tokens(input_ids), None
         cos, sin = self.rotary.lookup(positions)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        aux = []
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             x, residual = layer(x, residual, cos, sin, kv_cache, meta)
-        return self.norm(x, residual)[0] if residual is not None else self.norm(x)
+            if i in aux_layers:
+                aux.append(x + residual)
+        hidden = self.norm(x, residual)[0] if residual is not None else self.norm(x)
+        return (hidden, aux) if aux_layers else hidden
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

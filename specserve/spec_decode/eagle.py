@@ -22,6 +22,7 @@ from specserve.engine.request import Request
 from specserve.layers.linear import pack_linears
 from specserve.quant.swap import model_nbytes
 from specserve.spec_decode.draft_head import draft_tokens
+from specserve.spec_decode.eagle_head import feature_rows
 from specserve.spec_decode.eagle_io import load_eagle
 from specserve.spec_decode.model_proposer import ModelProposer, ProposerSeq, stack_probs
 from specserve.spec_decode.proposer import Proposal
@@ -60,11 +61,11 @@ class EagleSeq(ProposerSeq):
             self.num_pending -= cut
             excess -= cut
 
-    def features(self, first: int, n: int, hidden: int, dtype: torch.dtype,
+    def features(self, first: int, n: int, width: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu") -> torch.Tensor:
         """Target features at positions first .. first + n - 1 (zeros where none was kept; a
         negative position is the zero feature of head position 0)."""
-        out = torch.zeros(n, hidden, dtype=dtype, device=device)
+        out = torch.zeros(n, width, dtype=dtype, device=device)
         for start, rows in self.chunks:
             lo, hi = max(start, first), min(start + len(rows), first + n)
             if lo < hi:
@@ -89,6 +90,7 @@ class EagleProposer(ModelProposer):
         # The EAGLE head: the network whose KV cache the proposer's pool holds.
         self.model = load_eagle(path, target_cfg, embed_tokens, head_weight, dtype, tokenizer)
         self.model_config = self.model.cfg
+        self.aux_layers = self.model.feature_layers  # the engine's target forwards return them
         own = model_nbytes(self.model)  # fc, the layer, and the LM head rows it keeps
         shared_head = self.model.head_ids is None  # the full LM head is the target's tensor
         if shared_head:
@@ -103,12 +105,15 @@ class EagleProposer(ModelProposer):
         self.kv_cache_memory = kv_cache_memory
 
     def on_target_hidden(self, req: Request, first: int, rows: torch.Tensor) -> None:
-        if len(rows):  # a copy: a view would keep the whole step's hidden states alive
-            self._seq(req).add_features(first, rows.clone())
+        if len(rows):  # a new tensor: a view would keep the whole step's hidden states alive
+            h = self.model_config.hidden_size
+            streams = list(rows[:, h:].split(h, dim=-1))
+            self._seq(req).add_features(first, feature_rows(rows[:, :h], streams)
+                                        if streams else rows.clone())
 
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
         t0 = time.perf_counter()
-        hidden_size = self.model_config.hidden_size
+        width = self.model.feature_size  # a feature row: the final feature, then any layers'
         proposals: list[list[int]] = [[] for _ in reqs]
         prob_rows: list[list[torch.Tensor]] = [[] for _ in reqs]
         need_probs = any(not r.params.is_greedy for r, k in zip(reqs, num_tokens, strict=True)
@@ -131,17 +136,19 @@ class EagleProposer(ModelProposer):
                 batch.append((seq, n))
                 batch_ids.append(i)
                 if first_forward:  # catch up: position j reads the target's feature j - 1
-                    feats.append(seq.features(seq.num_real - 1, n, hidden_size, self.dtype,
+                    feats.append(seq.features(seq.num_real - 1, n, width, self.dtype,
                                               self.runner.device))
                 else:
                     feats.append(prev[i])
             if not batch:
                 break
             inputs = self.runner.prepare(batch)
-            features = torch.empty(len(inputs.input_ids), hidden_size, dtype=self.dtype,
+            features = torch.zeros(len(inputs.input_ids), width, dtype=self.dtype,
                                    device=self.runner.device)
             for j, (_, n) in enumerate(batch):
-                features[inputs.query_start[j]:inputs.query_start[j] + n] = feats[j]
+                # A chained guess has the head's own final feature; its layer slots stay 0.
+                features[inputs.query_start[j]:inputs.query_start[j] + n,
+                         :feats[j].shape[-1]] = feats[j]
             last = torch.tensor([inputs.query_start[j] + n - 1 for j, (_, n) in enumerate(batch)])
             hidden, logits = self.runner.execute(inputs, last, features)
             out = hidden.index_select(0, last.to(hidden.device))  # [len(batch), hidden]

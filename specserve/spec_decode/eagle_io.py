@@ -36,6 +36,7 @@ def save_eagle(out_dir: str | Path, head: EagleHead, target_name: str, tokenizer
         "num_kv_heads": c.num_kv_heads,
         "intermediate_size": c.intermediate_size,
         "head_vocab_size": head.head_size,
+        "feature_layers": list(head.feature_layers),
         "target_embedding_probe": embedding_probe(head.embed_tokens.weight),
     }}
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
@@ -79,7 +80,12 @@ def load_eagle(path: str | Path, cfg: ModelConfig, embed_tokens: torch.nn.Embedd
     ids_file = path / HEAD_IDS_FILE
     head_ids = (torch.tensor(json.loads(ids_file.read_text()), dtype=torch.long)
                 if ids_file.is_file() else None)
-    head = EagleHead(c, embed_tokens, head_weight, head_ids, dtype)
+    # Heads saved before fused features (session 11) read the final feature only.
+    layers = tuple(meta.get("feature_layers", ()))
+    if any(not 0 <= i < c.num_layers - 1 for i in layers):
+        raise ValueError(f"{path} reads the target's layers {list(layers)}, but this target has "
+                         f"{c.num_layers} layers: it was trained for a different target")
+    head = EagleHead(c, embed_tokens, head_weight, head_ids, dtype, layers)
     state = {k: v.to(dtype) for k, v in load_file(str(path / "model.safetensors")).items()}
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.startswith("lm_head.")]

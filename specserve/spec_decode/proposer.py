@@ -23,6 +23,8 @@ class Proposer(ABC):
     kv_cache_bytes: int = 0
     kv_bytes_per_token: int = 0  # a draft model's KV cost per token (0: no cache)
     needs_hidden: bool = False  # wants the target's features after every forward (EAGLE)
+    # Target layers whose residual streams come with those features (a fused-feature head)
+    aux_layers: tuple[int, ...] = ()
     # Guessing costs nothing and has no state (n-gram): the engine may look the guesses up
     # before choosing K, and plan only for drafts that exist.
     free_lookahead: bool = False
@@ -43,7 +45,8 @@ class Proposer(ABC):
 
     def on_target_hidden(self, req: Request, first: int,  # noqa: B027 (optional hook)
                          rows: torch.Tensor) -> None:
-        """The target's final hidden states of req at positions first.. (needs_hidden only)."""
+        """The target's final hidden states of req at positions first.. (needs_hidden only),
+        followed along the last dim by the residual streams after `aux_layers`."""
 
     def on_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:  # noqa: B027
         """Called after verification (a stateful proposer rolls back its cache)."""

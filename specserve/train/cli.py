@@ -37,6 +37,10 @@ def add_train_parser(subparsers) -> None:
                    help="prompt tokens beyond this are dropped from the left while training")
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (default: 5e-4 for draft, 1e-3 for eagle)")
+    p.add_argument("--feature-layers", default=None,
+                   help="eagle: target layers whose outputs the head fuses beside the final "
+                        "feature, e.g. 2,14 (default: a low and a middle one; none: the final "
+                        "feature only)")
     p.add_argument("--eval-every", type=int, default=20, help="steps between evaluations")
     p.add_argument("--dtype", default="auto",
                    help="the dtype the target is served in: the engine's while generating the "
@@ -60,7 +64,8 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
 
         cfg = EagleConfig(head_vocab=args.head_vocab, minutes=args.minutes, seed=args.seed,
                           lr=args.lr if args.lr is not None else 1e-3,
-                          eval_every=args.eval_every, max_context=args.max_context)
+                          eval_every=args.eval_every, max_context=args.max_context,
+                          feature_layers=_layers(args.feature_layers))
         outcome = train_eagle_head(args.model, items, args.out, cfg, **common)
     else:
         from specserve.train.distill import DistillConfig
@@ -71,3 +76,15 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
                             eval_every=args.eval_every, max_context=args.max_context)
         outcome = train_draft(args.model, items, args.out, cfg, **common)
     print(summary(outcome))
+
+
+def _layers(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise SystemExit(f"--feature-layers: expected layer numbers like 2,14 or none, got "
+                         f"{text!r}") from None

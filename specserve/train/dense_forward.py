@@ -57,6 +57,20 @@ def dense_hidden(model: LlamaModel, input_ids: torch.Tensor) -> torch.Tensor:
     return model.norm(dense_layers(model.layers, model.embed_tokens(input_ids), model.rotary))
 
 
+def dense_hidden_and_streams(model: LlamaModel, input_ids: torch.Tensor,
+                             aux_layers: tuple[int, ...]) -> tuple[torch.Tensor, list]:
+    """dense_hidden, plus the residual stream [B, T, hidden] after each of aux_layers (in layer
+    order), as LlamaModel.forward returns them for an EAGLE head's fused features."""
+    x = model.embed_tokens(input_ids)
+    streams = []
+    start = 0
+    for end in sorted(aux_layers):
+        x = dense_layers(model.layers[start:end + 1], x, model.rotary)
+        streams.append(x)
+        start = end + 1
+    return model.norm(dense_layers(model.layers[start:], x, model.rotary)), streams
+
+
 def dense_logits(model: LlamaModel, input_ids: torch.Tensor) -> torch.Tensor:
     """[B, T] -> [B, T, vocab] fp32 logits, as the engine's compute_logits gives them."""
     return model.lm_head(dense_hidden(model, input_ids)).float()

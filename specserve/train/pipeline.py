@@ -23,9 +23,10 @@ from specserve.train.loop import autocast
 from specserve.train.report import acceptance_report, format_report
 from specserve.train.save import save_draft
 
-# Bumped when the training recipe changes enough that cached drafts should be retrained:
-# 2 = several replies per training prompt, bf16 teacher and autocast (session 3).
-RECIPE = 2
+# Bumped, per method, when the training recipe changes enough that cached drafts should be
+# retrained: 2 = several replies per training prompt, bf16 teacher and autocast (session 3);
+# eagle 3 = fused layer features, a top-1 term and a short training context (session 11).
+RECIPE = {"draft": 2, "eagle": 3}
 
 
 @dataclass(slots=True)
@@ -80,7 +81,7 @@ def _report(method: str, loaded, cfg, data_cfg: DataConfig, data: DraftData,
         "target": loaded.name,
         "target_path": loaded.path,
         "source": source,
-        "recipe": RECIPE,
+        "recipe": RECIPE[method],
         "settings": dataclasses.asdict(cfg) | dataclasses.asdict(data_cfg),
         "head_vocab_size": head_size,
         "train_samples": len(data.train),

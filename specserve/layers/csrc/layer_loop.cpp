@@ -11,12 +11,14 @@
 #include <ATen/core/stack.h>
 #include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
 #include <ATen/ops/_weight_int8pack_mm.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/linear.h>
 #include <ATen/record_function.h>
 
 #include <memory>
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -137,10 +139,12 @@ void free_layer_plan(int64_t id) {
 // x [n, hidden] (the embeddings); cos / sin [n, head_dim]; slots [n] int64; the kernel group's
 // block_tables / token_seq / token_pos. Returns (the last MLP's output, the residual stream
 // without it): the caller applies the final norm, as LlamaModel.forward does.
-std::tuple<at::Tensor, at::Tensor> run_layer_plan(int64_t id, at::Tensor x, at::Tensor cos,
-                                                  at::Tensor sin, at::Tensor slots,
-                                                  at::Tensor block_tables, at::Tensor token_seq,
-                                                  at::Tensor token_pos) {
+// capture: layer indices whose output residual stream (h + residual) is returned as well, in
+// order (an EAGLE head's fused features); empty for a plain forward.
+std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> run_layer_plan(
+    int64_t id, at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor slots,
+    at::Tensor block_tables, at::Tensor token_seq, at::Tensor token_pos,
+    std::vector<int64_t> capture) {
   const Plan* plan;
   {
     std::lock_guard<std::mutex> lock(plans_mu);
@@ -152,6 +156,9 @@ std::tuple<at::Tensor, at::Tensor> run_layer_plan(int64_t id, at::Tensor x, at::
   at::Tensor residual = x;
   at::Tensor h;
   bool first = true;
+  std::vector<at::Tensor> captured;
+  size_t next_capture = 0;
+  int64_t layer = 0;
   for (const PlanLayer& l : plan->layers) {
     if (first) {
       h = rms_norm(x, l.in_norm, plan->eps);
@@ -173,6 +180,13 @@ std::tuple<at::Tensor, at::Tensor> run_layer_plan(int64_t id, at::Tensor x, at::
     h = run_linear(l.o, attn);
     add_rms_norm_(h, residual, l.post_norm, plan->eps);
     h = run_linear(l.down, silu_and_mul(run_linear(l.gate_up, h)));
+    if (next_capture < capture.size() && capture[next_capture] == layer) {
+      captured.push_back(at::add(h, residual));
+      ++next_capture;
+    }
+    ++layer;
   }
-  return {h, residual};
+  TORCH_CHECK(next_capture == capture.size(),
+              "run_layer_plan: capture layers must be ascending plan layers");
+  return {h, residual, captured};
 }
