@@ -82,10 +82,10 @@ def load_eagle(path: str | Path, cfg: ModelConfig, embed_tokens: torch.nn.Embedd
                 if ids_file.is_file() else None)
     # Heads saved before fused features (session 11) read the final feature only.
     layers = tuple(meta.get("feature_layers", ()))
-    if any(not 0 <= i < c.num_layers - 1 for i in layers):
-        raise ValueError(f"{path} reads the target's layers {list(layers)}, but this target has "
-                         f"{c.num_layers} layers: it was trained for a different target")
-    head = EagleHead(c, embed_tokens, head_weight, head_ids, dtype, layers)
+    try:
+        head = EagleHead(c, embed_tokens, head_weight, head_ids, dtype, layers)
+    except ValueError as exc:  # it reads target layers this target does not have
+        raise ValueError(f"{path} was trained for a different target: {exc}") from exc
     state = {k: v.to(dtype) for k, v in load_file(str(path / "model.safetensors")).items()}
     missing, unexpected = head.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.startswith("lm_head.")]

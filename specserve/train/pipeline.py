@@ -25,7 +25,7 @@ from specserve.train.save import save_draft
 
 # Bumped, per method, when the training recipe changes enough that cached drafts should be
 # retrained: 2 = several replies per training prompt, bf16 teacher and autocast (session 3);
-# eagle 3 = fused layer features, a top-1 term and a short training context (session 11).
+# eagle 3 = fused layer features and a short training context (session 11).
 RECIPE = {"draft": 2, "eagle": 3}
 
 
