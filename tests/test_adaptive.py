@@ -9,6 +9,7 @@ import pytest
 from specserve import LLM, SamplingParams
 from specserve.spec_decode.acceptance import AcceptanceTracker
 from specserve.spec_decode.cost_model import (
+    DraftCostModel,
     StepCostModel,
     choose_num_speculative_tokens,
     expected_emitted,
@@ -164,6 +165,53 @@ def test_a_prefill_chunk_in_the_step_does_not_make_drafts_look_cheap():
         assert seconds == pytest.approx(linear(8 + prefill))  # the prediction keeps the chunk
 
 
+def head_cost() -> tuple[StepCostModel, DraftCostModel]:
+    """A target whose forwards are flat to 4 tokens, and an EAGLE-like head: 1 ms for a chained
+    forward, whose logits are most of it (a catch-up token costs 0.03 ms)."""
+    target = StepCostModel([1, 4, 16, 64], [0.018, 0.018, 0.034, 0.1])
+    step = StepCostModel([1, 4, 16, 64], [0.001, 0.0012, 0.0024, 0.0072])
+    body = StepCostModel([1, 16, 64, 256, 1024], [4e-4 + 3e-5 * n for n in (1, 16, 64, 256,
+                                                                            1024)])
+    return target, DraftCostModel(step, body)
+
+
+def test_a_catch_up_is_priced_without_logits_and_scaled_with_the_draft():
+    _, draft = head_cost()
+    assert draft.extra_tokens_time(1, 149) == pytest.approx(149 * 3e-5)
+    assert draft.forward_time(150, 1) == pytest.approx(0.001 + 149 * 3e-5)
+    assert draft.forward_time(4, 4) == pytest.approx(draft(4))
+    # one proposal, measured twice as slow as predicted: both curves move
+    forwards = [(150, 1), (1, 1), (1, 1)]
+    predicted = sum(draft.forward_time(t, n) for t, n in forwards)
+    for _ in range(60):
+        draft.update_forwards(forwards, 2 * predicted)
+    assert draft(1) == pytest.approx(0.002, rel=0.05)
+    assert draft.extra_tokens_time(1, 149) == pytest.approx(2 * 149 * 3e-5, rel=0.05)
+
+
+def test_a_long_catch_up_is_spread_over_the_verifications_it_enables():
+    """A prompt of 2,000 tokens to catch up on costs 60 ms, three target steps: charged to one
+    step it keeps the head off for good (each step it waits the catch-up only grows); spread
+    over the 63 tokens the request has left, drafting pays, and the predicted step time still
+    holds the whole catch-up. With one token left the share is the whole of it again."""
+    target, draft = head_cost()
+    alphas = np.array([[0.7, 0.6, 0.5, 0.5]])
+    common = dict(alphas=alphas, k_max=np.array([K_MAX]), num_base_tokens=1,
+                  target_cost=target, draft_cost=draft, catch_up=np.array([2000]))
+    ks, _, _ = choose_num_speculative_tokens(**common)
+    assert ks[0] == 0
+    ks, seconds, _ = choose_num_speculative_tokens(**common, horizon=np.array([63]))
+    assert ks[0] > 0
+    assert seconds > 0.018 + draft.extra_tokens_time(1, 1999)
+    ks, _, _ = choose_num_speculative_tokens(**common, horizon=np.array([1]))
+    assert ks[0] == 0
+    # in a batch, the request with little left to catch up on drafts first
+    ks, _, _ = choose_num_speculative_tokens(
+        np.tile(alphas, (2, 1)), np.full(2, K_MAX), 2, target, draft,
+        catch_up=np.array([2000, 1]), horizon=np.array([63, 63]))
+    assert ks[1] >= ks[0] and ks[1] > 0
+
+
 def test_acceptance_tracker_prior_and_per_request_estimates():
     acc = AcceptanceTracker(4, prior=0.5)
     np.testing.assert_allclose(acc.estimate("new"), 0.5)
@@ -227,13 +275,14 @@ def test_the_single_request_plan_equals_the_vector_plan(monkeypatch):
     rng = np.random.default_rng(0)
     target = StepCostModel([1, 2, 4, 8, 16, 32], [8e-3, 8.2e-3, 8.8e-3, 9.5e-3, 11e-3, 14e-3],
                            kv_read_s=8e-7, attention_s=2e-7, base_context=96)
-    draft = StepCostModel([1, 4, 16], [1e-3, 1.1e-3, 1.5e-3])
+    drafts = [None, StepCostModel([1, 4, 16], [1e-3, 1.1e-3, 1.5e-3]), head_cost()[1]]
     for trial in range(300):
         kwargs = dict(
             alphas=rng.uniform(0, 1, size=(1, 4)) ** rng.uniform(0.2, 3),
             k_max=[rng.integers(0, 6)],
             num_base_tokens=1 + int(rng.integers(0, 3)) * 64, target_cost=target,
-            draft_cost=draft if trial % 2 else None, catch_up=np.array([rng.integers(0, 5)]),
+            draft_cost=drafts[trial % 3], catch_up=np.array([rng.integers(0, 5) ** 4]),
+            horizon=None if trial % 4 == 0 else np.array([rng.integers(1, 100)]),
             prev_total=None if trial % 3 == 0 else int(rng.integers(0, 5)),
             contexts=np.array([rng.integers(10, 3000)]))
         kwargs["num_prefill_tokens"] = kwargs["num_base_tokens"] - 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -185,9 +186,13 @@ def test_a_short_training_context_keeps_features_of_the_whole_context(tmp_path):
     assert torch.allclose(stream.pow(2).mean(-1), torch.ones(30), atol=1e-4)
 
 
-def test_feature_buffer_fills_gaps_with_zeros_and_trims_the_oldest_rows(monkeypatch):
-    seq = EagleSeq.__new__(EagleSeq)
-    seq.chunks, seq.num_pending = [], 0
+def _fake_seq(ids: list[int], window: int | None = None) -> EagleSeq:
+    return EagleSeq(SimpleNamespace(params=SimpleNamespace(seed=None), all_token_ids=ids),
+                    window)
+
+
+def test_feature_buffer_fills_gaps_with_zeros_and_trims_the_oldest_rows():
+    seq = _fake_seq(list(range(10)))
     seq.add_features(2, torch.ones(3, 4))  # positions 2, 3, 4
     seq.add_features(6, 2 * torch.ones(2, 4))  # positions 6, 7 (5 never computed)
     got = seq.features(-1, 9, 4, torch.float32)  # positions -1 .. 7
@@ -195,10 +200,74 @@ def test_feature_buffer_fills_gaps_with_zeros_and_trims_the_oldest_rows(monkeypa
     seq.drop_features_before(4)
     assert seq.features(-1, 9, 4, torch.float32)[:, 0].tolist() == [0, 0, 0, 0, 0, 1, 0, 2, 2]
     assert seq.num_pending == 3
-    monkeypatch.setattr("specserve.spec_decode.eagle.MAX_PENDING_FEATURES", 4)
+    seq.max_pending = 4
     seq.add_features(8, 3 * torch.ones(2, 4))  # 5 rows > 4: only position 4 goes
     assert seq.num_pending == 4
     assert seq.features(4, 6, 4, torch.float32)[:, 0].tolist() == [0, 0, 2, 2, 3, 3]
+
+
+def test_a_windowed_head_starts_over_on_its_window_and_keeps_only_its_features():
+    """A head trained over 3 positions before the last computed one, 20 tokens behind: it
+    catches up on 5 (the window, the last computed position, the newest token), reads a zero
+    feature at its position 0 and the target's after, and keeps 4 feature rows."""
+    ids = list(range(100, 120))
+    seq = _fake_seq(ids, window=3)
+    seq.add_features(0, torch.arange(19.0)[:, None].repeat(1, 2))  # positions 0 .. 18
+    assert seq.num_pending == 4  # positions 15 .. 18
+    assert seq.catch_up() == 5 and seq.restart_if_behind() and seq.offset == 15
+    assert seq.num_tokens == 5 and len(seq.all_token_ids) == 5
+    assert seq.all_token_ids[0:5] == ids[15:]
+    assert seq.features(-1, 5, 2, torch.float32)[:, 0].tolist() == [0, 15, 16, 17, 18]
+    seq.num_real = seq.num_computed_tokens = 5
+    ids += [120, 121]
+    assert seq.catch_up() == 2 and not seq.restart_if_behind()  # no further behind: no restart
+    ids += list(range(122, 130))
+    assert seq.catch_up() == 5 and seq.restart_if_behind() and seq.offset == 25
+    assert _fake_seq(ids[:4], window=3).catch_up() == 4  # a short prompt: all of it
+
+
+def test_a_windowed_head_guesses_in_the_engine_what_it_guesses_in_training(trained, tmp_path):
+    """A head served a 3-position window (eagle.json's "context") guesses, position by
+    position, what the dense head guesses over the same window of the features (featurize's
+    head_context): the window the proposer serves is the one training builds."""
+    target, outcome = trained
+    path = shutil.copytree(outcome.path, tmp_path / "head")
+    meta = json.loads((path / "eagle.json").read_text())
+    meta["specserve_eagle"]["context"] = 3
+    (path / "eagle.json").write_text(json.dumps(meta))
+    spec = LLM(str(target), dtype="float32", kv_cache_memory=KV, speculation_policy="static",
+               speculative_config={"method": "eagle", "model": str(path),
+                                   "num_speculative_tokens": 1})
+    proposer = spec.engine.proposer
+    assert proposer.model.context == 3
+    seen: list[tuple[int, int]] = []
+    propose = proposer.propose
+
+    def record(reqs, ks):
+        proposal = propose(reqs, ks)
+        seen.extend((len(r.all_token_ids) - 1, toks[0])
+                    for r, k, toks in zip(reqs, ks, proposal.token_ids, strict=True) if k)
+        return proposal
+
+    proposer.propose = record
+    head = outcome.result.head
+    loaded = load_model(str(target))
+    teacher = build_model(loaded.config, loaded.state_dict, torch.float32)
+    checked = 0
+    for it in outcome.result.held_out[:4]:
+        sample = Sample(it.kind, it.token_ids, it.start + 1)
+        windowed, = featurize(teacher, [sample], None, head.feature_layers, head_context=3)
+        seen.clear()
+        spec.generate([it.token_ids[:it.start + 1]],
+                      SamplingParams(temperature=0, max_tokens=it.num_positions))
+        with torch.no_grad():
+            pred, _ = head_outputs(head, [windowed])
+            dense = head.to_full_ids(head.compute_logits(pred).argmax(dim=-1))
+        assert seen and it.start > 3  # the window cut the prompt
+        for pos, guess in seen:
+            assert guess == int(dense[pos - it.start]), pos
+        checked += len(seen)
+    assert checked >= 8
 
 
 def test_a_final_feature_only_head_and_one_saved_before_fused_features(trained, tmp_path):

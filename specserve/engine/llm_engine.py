@@ -27,7 +27,7 @@ from specserve.sampling_params import SamplingParams
 from specserve.spec_decode import build_proposer
 from specserve.spec_decode.config import SpeculativeConfig
 from specserve.spec_decode.policy import SpecPolicy, build_policy
-from specserve.spec_decode.profiler import profile_forward
+from specserve.spec_decode.profiler import profile_draft, profile_forward
 
 
 @dataclass(slots=True)
@@ -140,7 +140,7 @@ class LLMEngine:
             t0 = time.perf_counter()
             target_cost = profile_forward(self.runner)
             draft_runner = getattr(self.proposer, "runner", None)
-            draft_cost = profile_forward(draft_runner) if draft_runner is not None else None
+            draft_cost = profile_draft(draft_runner) if draft_runner is not None else None
             self._cost_models = (target_cost, draft_cost)
             self.block_manager.reset_prefix_cache()  # its blocks now hold the profile's garbage
             self.profile_time = time.perf_counter() - t0
@@ -281,9 +281,9 @@ class LLMEngine:
         if self.proposer is not None:
             runs = [(c, n) for c, (_, n) in zip(computed_before, sched.scheduled, strict=True)]
             self.spec_policy.observe_step(sched.total_num_tokens, t_forward,
-                                          self.proposer.last_forward_tokens,
+                                          self.proposer.last_forwards,
                                           self._last_draft_time, runs)
-            self.proposer.last_forward_tokens = []
+            self.proposer.last_forwards = []
             self._last_draft_time = 0.0
             self._propose()
         self.stats.num_steps += 1
@@ -294,10 +294,11 @@ class LLMEngine:
                           hidden: torch.Tensor) -> None:
         """Give an EAGLE proposer the target's features of every position that stayed valid
         (rejected draft positions were rolled back already)."""
+        rows = self.proposer.target_features(hidden)
         for (req, _), before, start in zip(scheduled, computed_before, query_start, strict=True):
             valid = req.num_computed_tokens - before
             if not req.is_finished and valid > 0:
-                self.proposer.on_target_hidden(req, before, hidden[start:start + valid])
+                self.proposer.on_target_hidden(req, before, rows[start:start + valid])
 
     def _on_verified(self, req: Request, num_draft: int, num_accepted: int,
                      next_guess_right: bool | None = None) -> None:
@@ -374,9 +375,9 @@ class LLMEngine:
         num_base = len(reqs) + sum(ks)
         num_prefill = self.scheduler.pending_prefill_tokens(num_base)
         free_reqs = [reqs[i] for i in free]
-        catch_up = [self.proposer.catch_up_tokens(r) for r in free_reqs]
 
         def plan(limits: list[int]) -> list[int]:
+            catch_up = [self.proposer.catch_up_tokens(r) for r in free_reqs]
             return policy.choose(free_reqs, len(self.scheduler.running), num_base + num_prefill,
                                  catch_up, num_prefill, limits)
 

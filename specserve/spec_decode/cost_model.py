@@ -26,6 +26,14 @@ token adds prod_{m<=j} a_m, which never grows with j, and a request's draft toke
 same, so for a fixed total S = sum K_i the best split takes the S increments with the largest
 gain per second, gain / (marginal token time + attention_s * ctx_i). We sweep S over
 0..sum K_max_i along that order and keep the best goodput: one sort and a few vector ops per step.
+
+A draft network (a draft model, an EAGLE head) must first catch up on every token it has not
+seen: the prompt, or a long stretch during which the request did not speculate. That work is
+paid once and then serves every later verification of the request, so the plan charges each
+step a share of it: the catch-up's time divided by the verifications the request has left
+(tokens left / tokens per verification). Charged to one step, it kept the EAGLE head off for
+good on every prompt longer than ~100 tokens, where static K = 3 gave 1.44-1.67x (a request that
+never starts only falls further behind; docs/results/2026-12-02-session11/catch_up_trap.txt).
 """
 
 from __future__ import annotations
@@ -110,9 +118,45 @@ class StepCostModel:
         """Move the scale toward a measured step (online refinement)."""
         if num_tokens <= 0 or seconds <= 0:
             return
-        ratio = seconds / max(self.predict(num_tokens, seq_context, token_context), 1e-9)
+        self._pull(seconds / max(self.predict(num_tokens, seq_context, token_context), 1e-9))
+
+    def _pull(self, ratio: float) -> None:
         # Clip one step's pull: a step that waited on the OS must not swing the whole model.
         self.scale *= 1 + self.ema * (min(max(ratio, 0.5), 2.0) - 1)
+
+    def extra_tokens_time(self, num_seqs, extra_tokens):
+        """What extra_tokens more tokens add to a forward of num_seqs sequences x 1 token when
+        they need no logits (a draft's catch-up). Here: priced on the same curve."""
+        return self(num_seqs + extra_tokens) - self(num_seqs)
+
+    def forward_time(self, num_tokens: int, num_seqs: int) -> float:
+        """A forward of num_seqs sequences carrying num_tokens tokens, logits for one row each."""
+        return float(self(num_seqs)) + float(self.extra_tokens_time(num_seqs,
+                                                                    num_tokens - num_seqs))
+
+    def update_forwards(self, forwards: list[tuple[int, int]], seconds: float) -> None:
+        """Move the scale toward the measured time of several forwards, (tokens, sequences)
+        each (a proposal: a catch-up forward, then one token per sequence)."""
+        predicted = sum(self.forward_time(t, n) for t, n in forwards)
+        if predicted > 0 and seconds > 0:
+            self._pull(seconds / predicted)
+
+
+class DraftCostModel(StepCostModel):
+    """A draft network's forward: the curve of n sequences x 1 token with logits for each (the
+    chained draft forwards), plus `catch_up`, the curve of one sequence of n tokens with logits
+    for its last only, which prices tokens caught up on. Priced on the first curve, the EAGLE
+    head's 150-token catch-up cost 9x its 1-token forward, most of it logits over 150 rows that
+    a catch-up never computes. One scale (online refinement) moves both."""
+
+    def __init__(self, step: StepCostModel, catch_up: StepCostModel):
+        super().__init__(step.x.tolist(), step.y.tolist(), step.ema, step.kv_read_s,
+                         step.attention_s, step.base_context)
+        self.catch_up = catch_up
+
+    def extra_tokens_time(self, num_seqs, extra_tokens):
+        # the catch-up curve's own scale stays 1: this model's scale moves both
+        return self.scale * (self.catch_up(num_seqs + extra_tokens) - self.catch_up(num_seqs))
 
 
 def fit_knee_curve(num_tokens: list[int], seconds: list[float]) -> list[float]:
@@ -174,6 +218,7 @@ def choose_num_speculative_tokens(
     min_gain: float = 0.03,
     contexts: np.ndarray | None = None,  # [num_reqs] context each request's next token sees
     num_prefill_tokens: int = 0,  # the part of num_base_tokens that is prefill chunks
+    horizon: np.ndarray | None = None,  # [num_reqs] tokens each may still emit; None: one step
 ) -> tuple[np.ndarray, float, float]:
     """Returns (K per request, predicted step seconds, predicted goodput in tokens/s).
     Prefill chunks in the step set the operating point (a step with a 300-token chunk is
@@ -183,7 +228,8 @@ def choose_num_speculative_tokens(
     Speculation must beat no speculation by min_gain (a margin for what the model leaves out);
     a new total must beat the previous step's by hysteresis, and the previous total is kept only
     while it still beats no speculation by min_gain / 2 (hysteresis never holds speculation on
-    where it is predicted to lose)."""
+    where it is predicted to lose). horizon spreads each request's catch-up over the verifications
+    it has left (module docstring); the predicted step time counts the whole catch-up."""
     num_reqs = len(alphas)
     k_max = np.asarray(k_max, dtype=np.int64)
     ctx = np.zeros(num_reqs) if contexts is None else beyond(contexts, target_cost.base_context)
@@ -201,7 +247,8 @@ def choose_num_speculative_tokens(
         k, time, goodput = _choose_one(
             np.asarray(alphas, dtype=np.float64).reshape(-1).tolist(), int(k_max[0]),
             num_base_tokens, target_cost, draft_cost,
-            1.0 if catch_up is None else float(catch_up[0]), prev_total, hysteresis, min_gain,
+            1.0 if catch_up is None else float(catch_up[0]),
+            None if horizon is None else float(horizon[0]), prev_total, hysteresis, min_gain,
             float(ctx[0]), base_time)
         return np.array([k], dtype=np.int64), time + prefill_time, goodput
     # Early exit, the common case under load: even if every draft token cost nothing beyond one
@@ -229,15 +276,25 @@ def choose_num_speculative_tokens(
     tokens = base_tokens + np.concatenate([[0.0], np.cumsum(gain)])
     time = base_time - float(target_cost(num_base_tokens)) + target_cost(num_base_tokens + total) \
         + np.concatenate([[0.0], np.cumsum(attn)])
+    charged = time
     if draft_cost is not None:
         # Draft forward j runs over the requests whose K >= j; forward 1 also catches up.
         width = np.zeros((len(levels), len(total)))
-        first = np.ones(num_reqs) if catch_up is None else np.maximum(catch_up, 1)
         for j in levels:
-            add = np.where(level == j, first[req_idx] if j == 1 else 1.0, 0.0)
-            width[j - 1] = np.concatenate([[0.0], np.cumsum(add)])
+            width[j - 1] = np.concatenate([[0.0], np.cumsum(level == j)])
         time = time + draft_cost(width).sum(axis=0)
-    goodput = tokens / np.maximum(time, 1e-9)
+        charged = time
+        if catch_up is not None:
+            extra = np.maximum(np.asarray(catch_up, dtype=np.float64) - 1, 0.0)
+            share = catch_up_share(gains, allowed, horizon)
+            first = level == 1
+            extra_s = np.concatenate([[0.0], np.cumsum(np.where(first, extra[req_idx], 0.0))])
+            paid_s = np.concatenate([[0.0], np.cumsum(np.where(
+                first, extra[req_idx] * share[req_idx], 0.0))])
+            catch_up_s = draft_cost.extra_tokens_time(width[0], extra_s)
+            time = time + catch_up_s
+            charged = charged + catch_up_s * paid_s / np.maximum(extra_s, 1e-9)
+    goodput = tokens / np.maximum(charged, 1e-9)
     best = int(np.argmax(goodput))
     if goodput[best] < (1 + min_gain) * goodput[0]:
         best = 0  # never keep speculating on a predicted gain inside the model's error
@@ -249,26 +306,47 @@ def choose_num_speculative_tokens(
     return k, float(time[best]) + prefill_time, float(goodput[best])
 
 
+def catch_up_share(gains: np.ndarray, allowed: np.ndarray,
+                   horizon: np.ndarray | None) -> np.ndarray:
+    """[num_reqs] the share of each request's catch-up charged to one step: one over the
+    verifications it has left, counted at K_max's tokens per verification (the most, so the
+    fewest verifications: the larger share); all of it without a horizon."""
+    if horizon is None:
+        return np.ones(len(gains))
+    per_verification = 1.0 + np.where(allowed, gains, 0.0).sum(axis=1)
+    return np.minimum(per_verification / np.maximum(np.asarray(horizon, dtype=np.float64), 1.0),
+                      1.0)
+
+
 def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
                 target_cost: StepCostModel, draft_cost, catch_up: float,
-                prev_total: int | None, hysteresis: float, min_gain: float, ctx: float,
-                base_time: float) -> tuple[int, float, float]:
+                horizon: float | None, prev_total: int | None, hysteresis: float,
+                min_gain: float, ctx: float, base_time: float) -> tuple[int, float, float]:
     """choose_num_speculative_tokens for one request, in plain Python (K, predicted step time
     without prefill, goodput): the same goodput curve, whose increments are the request's levels
     in order. At concurrency 1 the vector form's ~40 numpy calls cost ~0.2 ms per plan, 2% of a
     step, for a choice among five numbers."""
     t_base = target_cost(num_base_tokens)
     attn = target_cost.context_time(0.0, 1.0) * ctx
-    tokens, reach, time = 1.0, 1.0, base_time
+    reach = [1.0]  # reach[k]: P(drafts 1..k right), the tokens the k-th draft adds
+    for k in range(1, k_max + 1):
+        reach.append(reach[-1] * min(max(rates[min(k, len(rates)) - 1], 0.0), 0.999999))
+    catch_up_s, share = 0.0, 1.0
+    if draft_cost is not None and catch_up > 1:
+        catch_up_s = float(draft_cost.extra_tokens_time(1, catch_up - 1))
+        if horizon is not None:  # catch_up_share for one request
+            share = min(sum(reach) / max(horizon, 1.0), 1.0)
+    tokens, time = 1.0, base_time
     goodput = [tokens / max(time, 1e-9)]
     times = [time]
     for k in range(1, k_max + 1):
-        reach *= min(max(rates[min(k, len(rates)) - 1], 0.0), 0.999999)  # P(drafts 1..k right)
-        tokens += reach
+        tokens += reach[k]
         time = base_time - t_base + target_cost(num_base_tokens + k) + attn * k
+        charged = time
         if draft_cost is not None:  # forward 1 also catches up; each later one is one token
-            time += draft_cost(max(catch_up, 1.0)) + (k - 1) * draft_cost(1)
-        goodput.append(tokens / max(time, 1e-9))
+            time += k * draft_cost(1) + catch_up_s
+            charged = time - (1 - share) * catch_up_s
+        goodput.append(tokens / max(charged, 1e-9))
         times.append(time)
     best = max(range(len(goodput)), key=goodput.__getitem__)  # the first maximum, as argmax
     if goodput[best] < (1 + min_gain) * goodput[0]:

@@ -41,7 +41,7 @@ from specserve.train.dense_forward import dense_layers
 class EagleHead(nn.Module):
     def __init__(self, target_cfg: ModelConfig, embed_tokens: nn.Embedding,
                  head_weight: torch.Tensor, head_ids: torch.Tensor | None, dtype: torch.dtype,
-                 feature_layers: tuple[int, ...] = ()):
+                 feature_layers: tuple[int, ...] = (), context: int | None = None):
         super().__init__()
         if any(not 0 <= i < target_cfg.num_layers - 1 for i in feature_layers):
             raise ValueError(f"feature_layers {feature_layers} must be target layers below the "
@@ -49,6 +49,9 @@ class EagleHead(nn.Module):
         self.cfg = dataclasses.replace(target_cfg, num_layers=1)
         self.dtype = dtype  # fc may become a PackedLinear (no .weight) in bf16
         self.feature_layers = tuple(sorted(set(feature_layers)))  # the order rows hold them in
+        # Positions before the one it guesses from that the head was trained to read (None: the
+        # whole context); the proposer serves it the same window (eagle.EagleSeq).
+        self.context = context
         h = target_cfg.hidden_size
         self.feature_size = h * (1 + len(self.feature_layers))  # one feature row's width
         self.fc = nn.Linear(h + self.feature_size, h, bias=False, dtype=dtype)

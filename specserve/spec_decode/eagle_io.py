@@ -37,6 +37,7 @@ def save_eagle(out_dir: str | Path, head: EagleHead, target_name: str, tokenizer
         "intermediate_size": c.intermediate_size,
         "head_vocab_size": head.head_size,
         "feature_layers": list(head.feature_layers),
+        "context": head.context,
         "target_embedding_probe": embedding_probe(head.embed_tokens.weight),
     }}
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
@@ -51,6 +52,18 @@ def save_eagle(out_dir: str | Path, head: EagleHead, target_name: str, tokenizer
     tokenizer.save_pretrained(str(out))
     (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
     return out
+
+
+def trained_context(path: Path, meta: dict) -> int | None:
+    """The context window the head was trained over: eagle.json's, or for heads saved before it
+    was recorded there (session 11) their training report's `head_context`; None: the whole
+    context."""
+    if "context" in meta:
+        return meta["context"]
+    report = path / "training.json"
+    if report.is_file():
+        return json.loads(report.read_text()).get("settings", {}).get("head_context")
+    return None
 
 
 def load_eagle(path: str | Path, cfg: ModelConfig, embed_tokens: torch.nn.Embedding,
@@ -83,7 +96,8 @@ def load_eagle(path: str | Path, cfg: ModelConfig, embed_tokens: torch.nn.Embedd
     # Heads saved before fused features (session 11) read the final feature only.
     layers = tuple(meta.get("feature_layers", ()))
     try:
-        head = EagleHead(c, embed_tokens, head_weight, head_ids, dtype, layers)
+        head = EagleHead(c, embed_tokens, head_weight, head_ids, dtype, layers,
+                         trained_context(path, meta))
     except ValueError as exc:  # it reads target layers this target does not have
         raise ValueError(f"{path} was trained for a different target: {exc}") from exc
     state = {k: v.to(dtype) for k, v in load_file(str(path / "model.safetensors")).items()}

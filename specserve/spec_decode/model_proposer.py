@@ -61,10 +61,13 @@ class ModelProposer(Proposer):
         self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching=False)
         self.kv_cache_bytes = self.runner.kv_cache_bytes
 
+    def _new_seq(self, req: Request) -> ProposerSeq:
+        return self.seq_type(req)
+
     def _seq(self, req: Request) -> ProposerSeq:
         seq = self.seqs.get(req.request_id)
         if seq is None or seq.req is not req:
-            seq = self.seqs[req.request_id] = self.seq_type(req)
+            seq = self.seqs[req.request_id] = self._new_seq(req)
         return seq
 
     def free(self, req: Request) -> None:

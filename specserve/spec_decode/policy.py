@@ -21,12 +21,16 @@ import numpy as np
 from specserve.engine.request import Request
 from specserve.spec_decode.acceptance import AcceptanceTracker
 from specserve.spec_decode.cost_model import (
+    DraftCostModel,
     StepCostModel,
     choose_num_speculative_tokens,
     token_context_sum,
 )
 
 POLICY_NAMES = ("off", "static", "batch-threshold:N", "schedule:B=K,...", "adaptive")
+# The most tokens a request's catch-up is spread over (cost_model.py): past its max_tokens it may
+# still stop at any EOS, and a long horizon would make any catch-up look free.
+CATCH_UP_HORIZON = 256
 
 
 def parse_schedule(text: str) -> list[tuple[int, int]]:
@@ -70,11 +74,12 @@ class SpecPolicy:
     def observe_verification(self, req: Request, num_draft: int, num_accepted: int) -> None:
         self.acceptance.observe(req.request_id, num_draft, num_accepted)
 
-    def observe_step(self, num_tokens: int, forward_s: float, draft_tokens: list[int],
-                     draft_s: float, runs: list[tuple[int, int]] = ()) -> None:
+    def observe_step(self, num_tokens: int, forward_s: float,
+                     draft_forwards: list[tuple[int, int]], draft_s: float,
+                     runs: list[tuple[int, int]] = ()) -> None:
         """A step ran: num_tokens in one target forward of forward_s seconds, draft forwards of
-        draft_tokens tokens in draft_s seconds; runs: (first position, tokens) of each scheduled
-        sequence (the context the forward's attention read)."""
+        (tokens, sequences) each in draft_s seconds; runs: (first position, tokens) of each
+        scheduled sequence (the context the forward's attention read)."""
         if self.last_predicted_s is not None:
             actual = forward_s + draft_s
             self.abs_error_s += abs(self.last_predicted_s - actual)
@@ -139,7 +144,7 @@ class AdaptivePolicy(SpecPolicy):
     name = "adaptive"
 
     def __init__(self, k_max: int, target_cost: StepCostModel,
-                 draft_cost: StepCostModel | None):
+                 draft_cost: DraftCostModel | None):
         super().__init__(k_max)
         self.target_cost = target_cost
         self.draft_cost = draft_cost
@@ -158,25 +163,25 @@ class AdaptivePolicy(SpecPolicy):
         ks, predicted, _ = choose_num_speculative_tokens(
             alphas, k_max, num_base_tokens, self.target_cost, self.draft_cost,
             np.asarray(catch_up, dtype=np.float64), self.prev_total,
-            contexts=np.array([r.num_tokens for r in reqs]), num_prefill_tokens=num_prefill_tokens)
+            contexts=np.array([r.num_tokens for r in reqs]), num_prefill_tokens=num_prefill_tokens,
+            horizon=np.array([min(r.max_tokens - r.num_output_tokens, CATCH_UP_HORIZON)
+                              for r in reqs]))
         self.prev_total = int(ks.sum())
         self.last_predicted_s = predicted
         return ks.tolist()
 
-    def observe_step(self, num_tokens, forward_s, draft_tokens, draft_s, runs=()):
-        super().observe_step(num_tokens, forward_s, draft_tokens, draft_s, runs)
+    def observe_step(self, num_tokens, forward_s, draft_forwards, draft_s, runs=()):
+        super().observe_step(num_tokens, forward_s, draft_forwards, draft_s, runs)
         base = self.target_cost.base_context
         seq_context = sum(max(start + n - base, 0) for start, n in runs)
         token_context = sum(token_context_sum(start, n, base) for start, n in runs)
         self.target_cost.update(num_tokens, forward_s, seq_context, token_context)
-        if self.draft_cost is not None and draft_tokens:
-            per_forward = draft_s / len(draft_tokens)
-            for n in draft_tokens:
-                self.draft_cost.update(n, per_forward)
+        if self.draft_cost is not None and draft_forwards:
+            self.draft_cost.update_forwards(draft_forwards, draft_s)
 
 
 def build_policy(spec: str, k_max: int, target_cost: StepCostModel | None = None,
-                 draft_cost: StepCostModel | None = None) -> SpecPolicy:
+                 draft_cost: DraftCostModel | None = None) -> SpecPolicy:
     if spec == "off":
         return OffPolicy(k_max)
     if spec == "static":

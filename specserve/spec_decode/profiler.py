@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import torch
 
 from specserve.engine.model_runner import ModelRunner
-from specserve.spec_decode.cost_model import StepCostModel, fit_knee_curve
+from specserve.spec_decode.cost_model import DraftCostModel, StepCostModel, fit_knee_curve
 
 PROFILE_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # Timed runs of one point stop early once they add up to this: a forward that long averages the
@@ -29,6 +29,40 @@ PROFILE_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # Zen 3) three of each large point made the profile take 16 s.
 POINT_BUDGET_S = 0.25
 CONTEXT_SEQS, CONTEXT_QUERY = 8, 4  # the context shapes: S sequences, 1 or Q tokens each
+# A draft's catch-up: one sequence of n tokens (a prompt, or a stretch without speculation)
+CATCH_UP_POINTS = (1, 16, 64, 256, 1024)
+
+
+def _fake_seq(runner: ModelRunner, i: int, ctx: int, q: int = 1) -> SimpleNamespace:
+    """Fake sequence i: ctx tokens of which the last q are scheduled. Each reads its own blocks of
+    the (still empty) pool, wrapping around when the pool is small: sequences sharing one
+    context read the same cache lines and made attention look half as expensive as it is. The
+    garbage they write is overwritten before any real request reads it."""
+    bs = runner.block_size
+    per_seq = -(-ctx // bs)
+    first = i * per_seq
+    return SimpleNamespace(num_computed_tokens=ctx - q, all_token_ids=[0] * ctx,
+                           spec_token_ids=[], block_ids=[(first + b) % runner.num_blocks
+                                                         for b in range(per_seq)])
+
+
+def _fastest(runner: ModelRunner, shape: list[tuple[SimpleNamespace, int]],
+             logits_rows: torch.Tensor, repeats: int) -> float:
+    """The fastest of up to `repeats` timed forwards of one shape (machine noise only ever adds
+    time; POINT_BUDGET_S caps long points), after one warm-up."""
+    inputs = runner.prepare(shape)
+    runner.execute(inputs, logits_rows)  # warms up the allocator and caches
+    runs: list[float] = []
+    while len(runs) < repeats and sum(runs) < POINT_BUDGET_S:
+        t0 = time.perf_counter()
+        runner.execute(inputs, logits_rows)
+        runs.append(time.perf_counter() - t0)
+    return min(runs)
+
+
+def _context_limit(runner: ModelRunner) -> int:
+    """The pool must hold one sequence's blocks and the model its positions."""
+    return min(runner.num_blocks * runner.block_size, runner.cfg.max_position)
 
 
 def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINTS,
@@ -36,36 +70,16 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
                     repeats: int = 3) -> StepCostModel:
     """Time decode-shaped forwards of n sequences x 1 token (n in points) at a fixed context,
     with logits for every token (as a verification step needs); the fastest of up to `repeats`
-    runs per point (machine noise only ever adds time; POINT_BUDGET_S caps long points). Then
-    the context shapes (module docstring).
-
-    Each fake sequence reads its own blocks of the (still empty) pool, wrapping around when the
-    pool is small: sequences sharing one context read the same cache lines and made attention
-    look half as expensive as it is. The garbage they write is overwritten before any real
-    request reads it."""
-    bs = runner.block_size
+    runs per point. Then the context shapes (module docstring)."""
+    def fastest(shape: list[tuple[SimpleNamespace, int]]) -> float:
+        return _fastest(runner, shape, torch.arange(sum(q for _, q in shape)), repeats)
 
     def seq(i: int, ctx: int, q: int = 1) -> SimpleNamespace:
-        per_seq = -(-ctx // bs)
-        first = i * per_seq
-        return SimpleNamespace(num_computed_tokens=ctx - q, all_token_ids=[0] * ctx,
-                               spec_token_ids=[], block_ids=[(first + b) % runner.num_blocks
-                                                             for b in range(per_seq)])
+        return _fake_seq(runner, i, ctx, q)
 
-    def fastest(shape: list[tuple[SimpleNamespace, int]]) -> float:
-        inputs = runner.prepare(shape)
-        rows = torch.arange(sum(q for _, q in shape))
-        runner.execute(inputs, rows)  # warms up the allocator and caches
-        runs: list[float] = []
-        while len(runs) < repeats and sum(runs) < POINT_BUDGET_S:
-            t0 = time.perf_counter()
-            runner.execute(inputs, rows)
-            runs.append(time.perf_counter() - t0)
-        return min(runs)
-
-    # The pool must hold one sequence's blocks and the model its positions: contexts shrink
-    # to fit small pools and short-context models.
-    limit = min(runner.num_blocks * bs, runner.cfg.max_position)
+    bs = runner.block_size
+    # Contexts shrink to fit small pools and short-context models.
+    limit = _context_limit(runner)
     context = min(context, limit)
     long_context = min(long_context, limit)
     # One forward of the largest point first: allocator, kernel selection and (on a GPU) clocks
@@ -87,3 +101,15 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
         kv_read_s = max(d1 - attention_s, 0.0)
     return StepCostModel(list(points), fit_knee_curve(list(points), times),
                          kv_read_s=kv_read_s, attention_s=attention_s, base_context=context)
+
+
+def profile_draft(runner: ModelRunner, catch_up_points: tuple[int, ...] = CATCH_UP_POINTS,
+                  repeats: int = 3) -> DraftCostModel:
+    """A draft network's cost model: profile_forward's curve for the chained draft forwards,
+    and one sequence of n tokens with logits for its last only (n in catch_up_points, within
+    the pool and the model's positions) for the tokens a catch-up forward adds."""
+    step = profile_forward(runner, repeats=repeats)
+    points = [n for n in catch_up_points if n <= _context_limit(runner)]
+    times = [_fastest(runner, [(_fake_seq(runner, 0, n, n), n)], torch.tensor([n - 1]), repeats)
+             for n in points]
+    return DraftCostModel(step, StepCostModel(points, fit_knee_curve(points, times)))

@@ -30,7 +30,8 @@ class Proposer(ABC):
     free_lookahead: bool = False
 
     def __init__(self) -> None:
-        self.last_forward_tokens: list[int] = []  # tokens per draft forward in the last propose
+        # (tokens, sequences) of each draft forward since the engine last read them
+        self.last_forwards: list[tuple[int, int]] = []
 
     def allocate_kv_cache(self, num_blocks: int) -> None:  # noqa: B027 (optional hook)
         """Size the proposer's own KV pool (the engine decides, from the shared budget)."""
@@ -43,10 +44,15 @@ class Proposer(ABC):
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
         """Guess up to num_tokens[i] tokens that follow reqs[i].all_token_ids."""
 
+    def target_features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A target forward's hidden states [num_tokens, hidden * (1 + len(aux_layers))]
+        (needs_hidden only) -> the rows on_target_hidden receives, made once per step for the
+        whole batch. May work in place: the tensor is the proposer's."""
+        return hidden
+
     def on_target_hidden(self, req: Request, first: int,  # noqa: B027 (optional hook)
                          rows: torch.Tensor) -> None:
-        """The target's final hidden states of req at positions first.. (needs_hidden only),
-        followed along the last dim by the residual streams after `aux_layers`."""
+        """target_features' rows of req at positions first.. (needs_hidden only)."""
 
     def on_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:  # noqa: B027
         """Called after verification (a stateful proposer rolls back its cache)."""

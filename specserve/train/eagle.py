@@ -25,8 +25,10 @@ feature's head from 25.3% to 27.4%, but added nothing to fused features (28.8% v
 150).
 
 Held-out agreement is teacher-forced: the head's argmax at each reply position, given the
-target's real features over the whole context, against the target's greedy token: the
-acceptance of a first guess.
+target's real features, against the target's greedy token: the acceptance of a first guess. The
+head reads the window it is trained and served with (`head_context`): read over whole contexts,
+the session-12 head agreed 26.6% of the time on rag's 2.5k-token prompts, 39.5% with the window
+(docs/results/2026-12-02-session12/head_window.txt).
 """
 
 from __future__ import annotations
@@ -169,12 +171,12 @@ def agreement(head: EagleHead, items: Sequence[Featured]) -> dict[str, list[int]
 
 
 def new_head(target: LlamaModel, head_ids: torch.Tensor | None,
-             feature_layers: tuple[int, ...] = ()) -> EagleHead:
+             feature_layers: tuple[int, ...] = (), context: int | None = None) -> EagleHead:
     """fc starts as 'take the final feature' plus a small embedding share (the layer slots at
     zero); the layer and the final norm start as copies of the target's last layer and final
     norm."""
     head = EagleHead(target.cfg, target.embed_tokens, target.lm_head.weight, head_ids,
-                     torch.float32, feature_layers)
+                     torch.float32, feature_layers, context)
     h = target.cfg.hidden_size
     with torch.no_grad():
         fc = torch.zeros(h, h + head.feature_size)
@@ -212,7 +214,8 @@ def train_eagle(target: LlamaModel, train: Sequence[Sample], held: Sequence[Samp
     layers = (default_feature_layers(target.cfg.num_layers) if cfg.feature_layers is None
               else tuple(sorted(set(cfg.feature_layers))))
     train_items = featurize(teacher, train, cfg.max_context, layers, cfg.head_context)
-    held_out = featurize(teacher, held, cfg.max_context, layers)  # the whole context, as served
+    # the head's window, as it is served (eagle.EagleSeq)
+    held_out = featurize(teacher, held, cfg.max_context, layers, cfg.head_context)
     teacher = None  # its features are cached: free it before training allocates
     h = target.cfg.hidden_size
     reply_rows = torch.cat([it.features[it.start:len(it.token_ids) - 1, :h]
@@ -221,7 +224,7 @@ def train_eagle(target: LlamaModel, train: Sequence[Sample], held: Sequence[Samp
         keep = sorted(rng.sample(range(len(reply_rows)), cfg.head_mass_positions))
         reply_rows = reply_rows[torch.tensor(keep)]
     head_ids = select_head_ids([reply_rows], target.lm_head.weight.detach(), cfg.head_vocab)
-    head = new_head(target, head_ids, layers)
+    head = new_head(target, head_ids, layers, cfg.head_context)
     target_head = target.lm_head.weight.detach()
     if head_ids is not None:
         target_head = target_head[head_ids]
