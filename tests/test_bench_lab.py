@@ -144,6 +144,19 @@ def test_sweep_end_to_end(tmp_path, capsys):
     assert_png(tmp_path / "sweep_ngram_json.png")
 
 
+def test_a_sweep_without_a_trained_head_skips_the_eagle_proposer(tmp_path, monkeypatch):
+    """No head passed and none cached: the eagle engine is skipped with the reason, the
+    others run."""
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path / "cache"))
+    main(["bench", "sweep", "--proposers", "eagle,ngram", "--policies", "off",
+          "--workloads", "json", "--concurrency", "1", "--min-prompts", "1", "--repeats", "1",
+          "--max-tokens", "2", *TINY_ENGINE, "--out", str(tmp_path / "out")])
+    engines = json.loads((tmp_path / "out" / "sweep.json").read_text())["engines"]
+    assert [(e["proposer"], e["status"]) for e in engines] == [("eagle", "skipped"),
+                                                                ("ngram", "ok")]
+    assert "needs a trained head" in engines[0]["error"]
+
+
 def test_a_warm_shared_prefix_is_cached_before_the_clock_starts(llm):
     engine = llm.engine
     doc = list(range(100, 100 + 4 * engine.block_manager.block_size))

@@ -205,8 +205,12 @@ def cmd_sweep(args: argparse.Namespace) -> None:
                     prompts_factor=args.num_prompts_factor, min_prompts=args.min_prompts,
                     max_tokens_cap=args.max_tokens, ignore_eos=args.ignore_eos,
                     repeats=args.repeats)
-    settings = SweepSettings(_names(args.proposers), _names(args.policies), points, args.k_max,
-                             args.draft_model, not args.no_prefix_caching)
+    proposers = _names(args.proposers)
+    eagle_model = args.eagle_model
+    if eagle_model is None and "eagle" in proposers:
+        eagle_model = _trained(args.model, "eagle", 0.0, args.num_threads)
+    settings = SweepSettings(proposers, _names(args.policies), points, args.k_max,
+                             args.draft_model, not args.no_prefix_caching, eagle_model)
     out = _out_dir(args, "sweep")
     console = _console()
     total = (len(settings.proposers) * len(settings.policies) * len(points.workloads)
@@ -234,7 +238,10 @@ def _add_sweep(bench) -> None:
                                        "does adaptive pick the best policy everywhere?")
     _common_engine_args(p)
     p.add_argument("--proposers", default="ngram,draft",
-                   help="ngram, draft (4-layer self-draft or --draft-model), draft:N (N layers)")
+                   help="ngram, draft (4-layer self-draft or --draft-model), draft:N (N layers), "
+                        "eagle (--eagle-model, or the head bench lab trained and cached)")
+    p.add_argument("--eagle-model", default=None,
+                   help="a trained EAGLE head directory (default: the cached one, if any)")
     p.add_argument("--workloads", default="prose,json,rag")
     p.add_argument("--policies", default="off,static:2,static:4,batch-threshold:8,adaptive")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64")

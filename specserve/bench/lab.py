@@ -214,9 +214,16 @@ class Strategy:
     reset_prefix_cache: bool = True
 
 
-def proposer_config(proposer: str, k: int, draft_model: str | None = None) -> dict:
+def proposer_config(proposer: str, k: int, draft_model: str | None = None,
+                    eagle_model: str | None = None) -> dict:
     """A speculative_config. `draft` is the target's first 4 layers unless a trained draft
-    directory is given; `draft:N` is the self-draft of the first N layers."""
+    directory is given; `draft:N` is the self-draft of the first N layers; `eagle` needs a
+    trained head."""
+    if proposer == "eagle":
+        if eagle_model is None:
+            raise ValueError("the eagle proposer needs a trained head: pass --eagle-model, or "
+                             "train one (specserve train-draft --method eagle, or bench lab)")
+        return {"method": "eagle", "model": eagle_model, "num_speculative_tokens": k}
     if proposer.startswith("draft"):
         if draft_model and proposer == "draft":
             return {"method": "draft", "model": draft_model, "num_speculative_tokens": k}
@@ -242,7 +249,7 @@ def builtin_strategies(draft_model: str | None = None, k: int = 4,
             Strategy("adaptive-ngram", spec(ngram, "adaptive")),
             Strategy("adaptive-draft", spec(draft, "adaptive"))]
     if eagle_model is not None:
-        eagle = {"method": "eagle", "model": eagle_model, "num_speculative_tokens": k}
+        eagle = proposer_config("eagle", k, eagle_model=eagle_model)
         rows += [Strategy("eagle-static", spec(eagle, "static")),
                  Strategy("adaptive-eagle", spec(eagle, "adaptive"))]
     rows.append(Strategy("cache+quant", {"enable_prefix_caching": True, "quantization": "int8",

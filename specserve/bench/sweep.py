@@ -50,6 +50,7 @@ class SweepSettings:
     k_max: int = 4
     draft_model: str | None = None
     enable_prefix_caching: bool = True
+    eagle_model: str | None = None
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -77,12 +78,13 @@ def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
     engines: list[dict] = []
     workloads: dict = {}
     for proposer in settings.proposers:
-        kwargs = {**common, "speculative_config": proposer_config(proposer, settings.k_max,
-                                                                  settings.draft_model),
-                  "speculation_policy": "adaptive"}  # profiles the cost model at start-up
         progress(f"{proposer}: loading", 0)
-        row = {"proposer": proposer, "policies": policies, "engine_kwargs": kwargs}
+        row = {"proposer": proposer, "policies": policies}
         try:
+            kwargs = {**common, "speculative_config": proposer_config(
+                proposer, settings.k_max, settings.draft_model, settings.eagle_model),
+                "speculation_policy": "adaptive"}  # profiles the cost model at start-up
+            row["engine_kwargs"] = kwargs
             llm = build_llm(model, kwargs)
             warm_up(llm.engine)
         except (ValueError, NotImplementedError, ImportError) as exc:

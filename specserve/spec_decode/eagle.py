@@ -95,8 +95,8 @@ class EagleSeq(ProposerSeq):
     def restart_if_behind(self) -> bool:
         """Start over on the window when the head is further behind; True when it did (the
         caller frees the head's blocks: their KV is of the old positions)."""
-        if self.window is None or self.num_tokens - self.num_real <= self.window + 2:
-            return False
+        if self.catch_up() == self.num_tokens - self.num_real:
+            return False  # the catch-up covers everything behind
         # the last known token's K/V is not computed yet: the target's last is the one before
         self.offset = len(self.req.all_token_ids) - 2 - self.window
         self.num_real = self.num_computed_tokens = 0
@@ -164,9 +164,9 @@ class EagleProposer(ModelProposer):
 
     def target_features(self, hidden: torch.Tensor) -> torch.Tensor:
         """The final hidden states followed by the residual streams after the head's feature
-        layers -> feature rows (eagle_head.feature_rows), for the whole step at once: per
-        request, its ~15 small ops cost ~2 ms per step at concurrency 32 (4% of a step), with
-        speculation off as much as on."""
+        layers -> feature rows (eagle_head.feature_rows), for the whole step at once: made per
+        request (~15 small ops each), the hand-over took 5.1% of a step at concurrency 32, with
+        speculation off as much as on (1.3% now; docs/results/2026-12-02-session12)."""
         h = self.model_config.hidden_size
         if hidden.shape[-1] > h:  # the runner's concatenation: ours to normalise in place
             hidden[:, h:] = aux_feature(hidden[:, h:].unflatten(-1, (-1, h))).flatten(-2)
