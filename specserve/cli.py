@@ -5,23 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 
+from specserve.config import parse_memory_size
 from specserve.server.cli import add_serve_parser
 from specserve.train.cli import add_train_parser
 
 
 def parse_memory(value: str) -> int | float:
-    """'1GiB', '512MiB', '2e9' (bytes) or '0.3' (a fraction of free memory)."""
-    m = re.fullmatch(r"\s*([\d.eE+]+)\s*([KMGT]i?B)?\s*", value)
-    if not m:
-        raise argparse.ArgumentTypeError(f"cannot read memory size {value!r}")
-    number, unit = float(m.group(1)), m.group(2)
-    if unit is None:
-        return number if number <= 1 else int(number)
-    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit[0]]
-    return int(number * scale)
+    """config.parse_memory_size for argparse."""
+    try:
+        return parse_memory_size(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:

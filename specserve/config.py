@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import torch
@@ -64,16 +65,32 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
 
+def parse_memory_size(value: str) -> int | float:
+    """'1GiB', '512MiB', '2e9' (bytes) or '0.3' (a fraction of free memory)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)\s*([KMGT]i?B)?\s*", value)
+    if not m:
+        raise ValueError(f"cannot read memory size {value!r}: expected e.g. '2GiB', '512MiB', "
+                         "a number of bytes, or a fraction of free memory in (0, 1]")
+    number, unit = float(m.group(1)), m.group(2)
+    if unit is None:
+        return number if number <= 1 else int(number)
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit[0]]
+    return int(number * scale)
+
+
 @dataclass(frozen=True, slots=True)
 class CacheConfig:
     block_size: int = 16
-    # Bytes for the KV pool; a float in (0, 1] is a fraction of the machine's free memory.
-    kv_cache_memory: int | float = 1 << 30
+    # Bytes for the KV pool ('2GiB' is read too); a float in (0, 1] is a fraction of the
+    # machine's free memory.
+    kv_cache_memory: int | float | str = 1 << 30
     kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     num_blocks: int | None = None  # overrides kv_cache_memory (tests use it to force preemption)
 
     def __post_init__(self) -> None:
+        if isinstance(self.kv_cache_memory, str):  # LLM(kv_cache_memory="2GiB"), as on the CLI
+            object.__setattr__(self, "kv_cache_memory", parse_memory_size(self.kv_cache_memory))
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if isinstance(self.kv_cache_memory, float) and not 0 < self.kv_cache_memory <= 1:

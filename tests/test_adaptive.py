@@ -3,6 +3,8 @@ every policy."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -15,7 +17,7 @@ from specserve.spec_decode.cost_model import (
     expected_emitted,
     token_context_sum,
 )
-from specserve.spec_decode.policy import build_policy, parse_schedule
+from specserve.spec_decode.policy import PROBE_EVERY, build_policy, parse_schedule
 
 K_MAX = 4
 
@@ -212,6 +214,33 @@ def test_a_long_catch_up_is_spread_over_the_verifications_it_enables():
     assert ks[1] >= ks[0] and ks[1] > 0
 
 
+def fake_request(request_id: str) -> SimpleNamespace:
+    return SimpleNamespace(request_id=request_id, params=SimpleNamespace(
+        num_speculative_tokens=None), num_tokens=100, max_tokens=256, num_output_tokens=0)
+
+
+def test_a_draft_network_probes_one_position_past_its_chosen_k():
+    """Second guesses were always rejected so far: K = 1 is the plan. Every PROBE_EVERY-th plan
+    one speculating request drafts a second token anyway (in turn), so position 2's estimate
+    can move; a request at K = 0 or at its cap, and a free proposer (no draft cost: its next
+    guess is checked for free), are never bumped."""
+    target, draft = head_cost()
+    policy = build_policy("adaptive", K_MAX, target, draft)
+    for _ in range(40):
+        policy.acceptance.observe("earlier", 2, 1)  # first guesses right, second ones wrong
+    reqs = [fake_request("a"), fake_request("b")]
+    plans = [policy.choose(reqs, 2, 2, [1, 1]) for _ in range(2 * PROBE_EVERY)]
+    assert plans[0] == [1, 1]
+    bumped = [i for i, ks in enumerate(plans) if ks != [1, 1]]
+    assert bumped == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1]
+    assert sorted(plans[i] for i in bumped) == [[1, 2], [2, 1]]
+    capped = [policy.choose(reqs, 2, 2, [1, 1], caps=[1, 1]) for _ in range(2 * PROBE_EVERY)]
+    assert all(ks == [1, 1] for ks in capped)
+    free = build_policy("adaptive", K_MAX, target)
+    free.acceptance = policy.acceptance
+    assert all(free.choose(reqs, 2, 2, [0, 0]) == [1, 1] for _ in range(2 * PROBE_EVERY))
+
+
 def test_acceptance_tracker_prior_and_per_request_estimates():
     acc = AcceptanceTracker(4, prior=0.5)
     np.testing.assert_allclose(acc.estimate("new"), 0.5)
@@ -239,6 +268,26 @@ def test_acceptance_tracker_keeps_a_rate_per_position():
     np.testing.assert_allclose(acc.estimate("s")[2:], acc.global_rates[2:])
     np.testing.assert_allclose(acc.estimates(["r", "new", "s"]),
                                np.stack([acc.estimate(r) for r in ("r", "new", "s")]))
+
+
+def test_unobserved_global_rates_relax_toward_the_prior_and_observations_win():
+    """A draft network's low rate is not kept for ever: relaxed once per plan it drifts back
+    toward the prior while nothing is observed, slowly; a few real verifications then weigh
+    more than the drift."""
+    acc = AcceptanceTracker(2)
+    for _ in range(60):
+        acc.observe("prose", 1, 0)
+    low = acc.global_rate
+    assert low < 0.1 and acc.global_rates[1] == 0.5  # position 2 never observed
+    acc.relax()
+    assert low < acc.global_rate < low + 0.01
+    for _ in range(500):
+        acc.relax()
+    assert 0.4 < acc.global_rate < 0.5
+    np.testing.assert_allclose(acc.global_rates[1], 0.5)
+    for _ in range(10):
+        acc.observe("json", 1, 1)
+    assert acc.global_rate > 0.8
 
 
 def test_lower_estimates_rank_a_long_record_above_a_lucky_streak():
@@ -409,3 +458,24 @@ def test_the_guess_after_the_chosen_k_is_learned_from_the_bonus_token():
     assert any(a == 2 for _, a in seen)  # the prompt repeats itself: some second guesses right
     plain = LLM(dtype="float32").generate([PROMPT], params)
     assert out[0].outputs[0].token_ids == plain[0].outputs[0].token_ids
+
+
+def test_a_request_joining_a_small_batch_is_planned_at_once():
+    """Requests one after another on an adaptive draft engine. The last step of a request
+    allows no drafts (nothing left to emit); that all-zero plan used to stand for the next
+    REPLAN_STEPS steps of the batch, so the next request decoded its first 8 tokens without
+    drafts. Now a K = 0 step comes only where the cap forces it, and output is unchanged."""
+    spec = LLM(dtype="float32", max_num_seqs=1, speculative_config={
+        "method": "draft", "draft_layers": 1, "num_speculative_tokens": 2})
+    policy = spec.engine.spec_policy
+
+    def one_draft_where_allowed(reqs, num_running, num_base, catch_up, num_prefill=0, caps=None):
+        return [min(1, c) for c in caps]
+
+    policy.choose = one_draft_where_allowed
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = ["Tell me about the history of Rome.", "Describe the water cycle."] * 2
+    got = [o.outputs[0].token_ids for o in spec.generate(prompts, params)]
+    assert spec.get_stats()["spec_k_histogram"].get(0, 0) <= len(prompts)
+    spec.engine.set_speculation_policy("off")
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == got

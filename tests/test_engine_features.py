@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specserve import LLM, SamplingParams
+from specserve.config import CacheConfig
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -108,6 +109,15 @@ def test_stop_strings_stop_tokens_eos_and_logprobs(llm):
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_kv_cache_memory_reads_sizes_as_the_cli_does():
+    assert CacheConfig(kv_cache_memory="2GiB").kv_cache_memory == 2 << 30
+    assert CacheConfig(kv_cache_memory="512 MiB").kv_cache_memory == 512 << 20
+    assert CacheConfig(kv_cache_memory="0.25").kv_cache_memory == 0.25
+    for bad in ("lots", "2 GB of it", "1.2.3GiB"):
+        with pytest.raises(ValueError, match="cannot read memory size"):
+            CacheConfig(kv_cache_memory=bad)
 
 
 def test_bad_prompts_are_refused_and_the_engine_keeps_serving(llm):
