@@ -128,16 +128,10 @@ def test_eagle_runs_in_bf16_with_packed_weights(trained):
     assert head_pool.num_free_blocks == head_pool.num_blocks  # the head's own pool too
 
 
-def test_the_engine_head_guesses_what_the_trained_head_guesses(trained):
-    """In the engine the head reads features the target hands over step by step (paged KV,
-    catch-up after every verification); its first guess at each position must be the dense
-    training forward's guess on the same tokens (the save / load round trip included)."""
-    target, outcome = trained
-    spec = LLM(str(target), dtype="float32", kv_cache_memory=KV, speculation_policy="static",
-               speculative_config={"method": "eagle", "model": str(outcome.path),
-                                   "num_speculative_tokens": 1})
-    proposer = spec.engine.proposer
-    seen: list[tuple[int, int]] = []  # (position of the last known token, guess after it)
+def record_first_guesses(proposer) -> list[tuple[int, int]]:
+    """Wrap proposer.propose; the returned list fills with (position of the last known token,
+    first guess after it) for every request it proposes for."""
+    seen: list[tuple[int, int]] = []
     propose = proposer.propose
 
     def record(reqs, ks):
@@ -147,6 +141,19 @@ def test_the_engine_head_guesses_what_the_trained_head_guesses(trained):
         return proposal
 
     proposer.propose = record
+    return seen
+
+
+def test_the_engine_head_guesses_what_the_trained_head_guesses(trained):
+    """In the engine the head reads features the target hands over step by step (paged KV,
+    catch-up after every verification); its first guess at each position must be the dense
+    training forward's guess on the same tokens (the save / load round trip included)."""
+    target, outcome = trained
+    spec = LLM(str(target), dtype="float32", kv_cache_memory=KV, speculation_policy="static",
+               speculative_config={"method": "eagle", "model": str(outcome.path),
+                                   "num_speculative_tokens": 1})
+    proposer = spec.engine.proposer
+    seen = record_first_guesses(proposer)
     trained_head = outcome.result.head
     checked = 0
     for it in outcome.result.held_out[:4]:
@@ -240,16 +247,7 @@ def test_a_windowed_head_guesses_in_the_engine_what_it_guesses_in_training(train
                                    "num_speculative_tokens": 1})
     proposer = spec.engine.proposer
     assert proposer.model.context == 3
-    seen: list[tuple[int, int]] = []
-    propose = proposer.propose
-
-    def record(reqs, ks):
-        proposal = propose(reqs, ks)
-        seen.extend((len(r.all_token_ids) - 1, toks[0])
-                    for r, k, toks in zip(reqs, ks, proposal.token_ids, strict=True) if k)
-        return proposal
-
-    proposer.propose = record
+    seen = record_first_guesses(proposer)
     head = outcome.result.head
     loaded = load_model(str(target))
     teacher = build_model(loaded.config, loaded.state_dict, torch.float32)

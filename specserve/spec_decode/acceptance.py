@@ -26,6 +26,7 @@ import numpy as np
 
 PRIOR_TRIALS = 2.0  # the weight of the initial prior, in trials
 
+
 class AcceptanceTracker:
     """Counts are plain Python lists, not arrays: a verification updates at most K_max numbers,
     and numpy's per-call overhead made each update ~50 us at concurrency 1 (the controller runs

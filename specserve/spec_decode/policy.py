@@ -183,8 +183,9 @@ class AdaptivePolicy(SpecPolicy):
         token more, in turn. A draft network's guess at position K + 1 is never checked
         otherwise (the n-gram proposer's is, for free: the engine's shadow check), so its
         estimate froze wherever a few early verifications had left it: the EAGLE head's second
-        position read 0.19 where it was accepted 0.45 of the time, and json at concurrency 1 ran
-        at K = 1, 0.79x static K = 2. The cost: one chained draft forward and one verified
+        position read 0.19 where static K = 2 saw it accepted 0.45-0.48 of the time, and json at
+        concurrency 1 stayed at K = 1 (0.79x static K = 2 together with a stale all-zero plan;
+        0.93x once both were fixed). The cost: one chained draft forward and one verified
         token every PROBE_EVERY steps, nothing while no request speculates."""
         self.num_plans += 1
         if self.num_plans % PROBE_EVERY:
