@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from specserve import LLM, SamplingParams
 from specserve.spec_decode.acceptance import AcceptanceTracker
@@ -384,17 +385,20 @@ def test_off_policy_does_no_draft_work():
 
 
 def test_adaptive_stops_drafting_when_acceptance_is_hopeless():
-    """A 1-layer self-draft is almost never right (and its full-vocabulary head makes it dear):
-    the controller either never drafts with it or stops once it has seen that; the second batch
-    costs at most a probe or two of draft forwards."""
+    """A draft that is never right: the controller either never drafts with it or stops once it
+    has seen that; the second batch costs at most a probe or two of draft forwards. The draft is
+    a 1-layer self-draft with its final norm zeroed, so every guess is token 0 and the premise
+    does not rest on how good a real 1-layer draft happens to be (0.26-0.34 on these prompts:
+    an earlier version of this test asserted < 0.2 of it and failed when it drafted more)."""
     spec = LLM(dtype="float32", speculative_config={"method": "draft", "draft_layers": 1,
                                                     "num_speculative_tokens": 4})
+    torch.nn.init.zeros_(spec.engine.proposer.model.norm.weight)
     params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     spec.generate(["Tell me about the history of Rome."] * 2, params)
     forwards = spec.get_stats()["draft_num_forwards"]
     spec.generate(["Describe the water cycle in detail."] * 2, params)
     stats = spec.get_stats()
-    assert (stats["acceptance_rate"] or 0.0) < 0.2  # None: it never drafted
+    assert stats["num_accepted_tokens"] == 0
     assert stats["draft_num_forwards"] - forwards <= 4
     assert stats["spec_k_histogram"][0] > 0
 
