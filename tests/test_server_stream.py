@@ -1,5 +1,5 @@
-"""The server's streaming hot path, without a model: the per-token chunk template and the
-OutputStream hand-off."""
+"""The server's streaming hot path: the per-token chunk template and the OutputStream hand-off
+(without a model), and the engine thread's stream interval (with one)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from specserve import SamplingParams
 from specserve.outputs import CompletionOutput, RequestOutput
-from specserve.server.async_engine import OutputStream
+from specserve.server.async_engine import AsyncEngine, OutputStream
 from specserve.server.protocol import (
     ChatCompletionChunk,
     ChatStreamChoice,
@@ -73,3 +74,42 @@ def test_output_stream_delivers_in_order_and_supersedes_unread_outputs():
         return got
 
     assert asyncio.run(run()) == [(0, "x"), (0, "xyz"), (1, "p"), (0, "xyzw"), (1, "pq")]
+
+
+@pytest.mark.parametrize("interval", [1, 3])
+def test_stream_interval_holds_outputs_back_and_loses_nothing(llm, interval):
+    """The engine thread hands outputs over every `interval` steps, except a first token and a
+    finished request, which go at once; every hand-off carries everything so far, so the
+    streamed text is the offline engine's."""
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    want = [o.outputs[0].text for o in llm.generate(prompts, params)]
+
+    async def run() -> tuple[dict[str, list[int]], list[str]]:
+        handed: dict[str, list[int]] = {}  # request -> tokens so far at each hand-off
+        observe = lambda out, _gap: handed.setdefault(out.request_id, []).append(  # noqa: E731
+            len(out.outputs[0].token_ids))
+        engine = AsyncEngine(llm.engine, observer=observe, stream_interval=interval)
+        engine.start()
+        try:
+            stream = await engine.add_requests(["s0", "s1"], prompts, [params] * 2, stream=True)
+            texts = ["", ""]
+            async for i, out in stream:
+                texts[i] = out.outputs[0].text
+            return handed, texts
+        finally:
+            await engine.shutdown()
+
+    handed, texts = asyncio.run(run())
+    assert texts == want
+    for counts in handed.values():
+        assert counts[0] == 1 and counts[-1] == 16
+        if interval == 1:
+            assert counts == list(range(1, 17))
+        else:  # after the first token, one hand-off per `interval` steps, the last at once
+            assert counts == [1, 4, 7, 10, 13, 16]
+
+
+def test_stream_interval_must_be_positive(llm):
+    with pytest.raises(ValueError, match="stream_interval"):
+        AsyncEngine(llm.engine, stream_interval=0)

@@ -111,13 +111,13 @@ class ApiKeyMiddleware:
 
 def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
               api_key: str | None = None, max_queue: int | None = 256,
-              engine_thread: bool = True) -> FastAPI:
+              engine_thread: bool = True, stream_interval: int = 1) -> FastAPI:
     """The FastAPI app around a loaded engine. The engine thread starts with the app's lifespan
     and stops with it, aborting whatever is still running."""
     model_name = served_model_name or engine.model_name
     server_metrics = ServerMetrics(model_name, stats=lambda: async_engine.stats)
     async_engine = AsyncEngine(engine, max_queue=max_queue, observer=server_metrics.observe,
-                               own_thread=engine_thread)
+                               own_thread=engine_thread, stream_interval=stream_interval)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -154,7 +154,8 @@ def run_server(args: argparse.Namespace) -> None:
     logger.info("loaded %s in %.1fs: %d KV blocks", engine.model_name, engine.load_time,
                 engine.block_manager.num_blocks)
     app = build_app(engine, served_model_name=args.served_model_name, api_key=args.api_key,
-                    max_queue=args.max_queue, engine_thread=False)
+                    max_queue=args.max_queue, engine_thread=False,
+                    stream_interval=args.stream_interval)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             access_log=args.access_log,
                             timeout_graceful_shutdown=args.shutdown_timeout)

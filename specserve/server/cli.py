@@ -22,6 +22,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=256,
                    help="requests allowed to wait beyond the --max-num-seqs running ones; "
                         "more get 429")
+    p.add_argument("--stream-interval", type=_positive_int, default=1,
+                   help="send streamed tokens every N engine steps (first tokens and finished "
+                        "requests at once); >1 costs smoothness, saves a wake-up of the HTTP "
+                        "thread and every client per step (see docs/performance.md)")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients must send (default: the model's own name)")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -29,6 +33,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _serve(args: argparse.Namespace) -> None:
