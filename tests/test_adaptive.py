@@ -18,7 +18,12 @@ from specserve.spec_decode.cost_model import (
     expected_emitted,
     token_context_sum,
 )
-from specserve.spec_decode.policy import PROBE_EVERY, build_policy, parse_schedule
+from specserve.spec_decode.policy import (
+    PROBE_EVERY,
+    PROBE_EVERY_ALONE,
+    build_policy,
+    parse_schedule,
+)
 
 K_MAX = 4
 
@@ -240,6 +245,20 @@ def test_a_draft_network_probes_one_position_past_its_chosen_k():
     free = build_policy("adaptive", K_MAX, target)
     free.acceptance = policy.acceptance
     assert all(free.choose(reqs, 2, 2, [0, 0]) == [1, 1] for _ in range(2 * PROBE_EVERY))
+
+
+def test_a_request_running_alone_is_probed_more_often():
+    """Alone, a request's probe is paid for it alone: every PROBE_EVERY_ALONE-th plan (not every
+    PROBE_EVERY-th) drafts its second token anyway."""
+    target, draft = head_cost()
+    policy = build_policy("adaptive", K_MAX, target, draft)
+    for _ in range(40):
+        policy.acceptance.observe("earlier", 2, 1)  # first guesses right, second ones wrong
+    plans = [policy.choose([fake_request("a")], 1, 1, [1]) for _ in range(2 * PROBE_EVERY)]
+    assert plans[0] == [1]
+    bumped = [i for i, ks in enumerate(plans) if ks != [1]]
+    assert bumped == list(range(PROBE_EVERY_ALONE - 1, 2 * PROBE_EVERY, PROBE_EVERY_ALONE))
+    assert all(plans[i] == [2] for i in bumped)
 
 
 def test_acceptance_tracker_prior_and_per_request_estimates():
