@@ -21,6 +21,7 @@ from specserve.spec_decode.cost_model import (
 from specserve.spec_decode.policy import (
     PROBE_EVERY,
     PROBE_EVERY_ALONE,
+    AdaptivePolicy,
     build_policy,
     parse_schedule,
 )
@@ -225,15 +226,22 @@ def fake_request(request_id: str) -> SimpleNamespace:
         num_speculative_tokens=None), num_tokens=100, max_tokens=256, num_output_tokens=0)
 
 
+def head_policy_whose_second_guesses_fail() -> AdaptivePolicy:
+    """An adaptive EAGLE-head policy that has seen first guesses right and second ones wrong:
+    K = 1 is its plan."""
+    target, draft = head_cost()
+    policy = build_policy("adaptive", K_MAX, target, draft)
+    for _ in range(40):
+        policy.acceptance.observe("earlier", 2, 1)
+    return policy
+
+
 def test_a_draft_network_probes_one_position_past_its_chosen_k():
     """Second guesses were always rejected so far: K = 1 is the plan. Every PROBE_EVERY-th plan
     one speculating request drafts a second token anyway (in turn), so position 2's estimate
     can move; a request at K = 0 or at its cap, and a free proposer (no draft cost: its next
     guess is checked for free), are never bumped."""
-    target, draft = head_cost()
-    policy = build_policy("adaptive", K_MAX, target, draft)
-    for _ in range(40):
-        policy.acceptance.observe("earlier", 2, 1)  # first guesses right, second ones wrong
+    policy = head_policy_whose_second_guesses_fail()
     reqs = [fake_request("a"), fake_request("b")]
     plans = [policy.choose(reqs, 2, 2, [1, 1]) for _ in range(2 * PROBE_EVERY)]
     assert plans[0] == [1, 1]
@@ -242,7 +250,7 @@ def test_a_draft_network_probes_one_position_past_its_chosen_k():
     assert sorted(plans[i] for i in bumped) == [[1, 2], [2, 1]]
     capped = [policy.choose(reqs, 2, 2, [1, 1], caps=[1, 1]) for _ in range(2 * PROBE_EVERY)]
     assert all(ks == [1, 1] for ks in capped)
-    free = build_policy("adaptive", K_MAX, target)
+    free = build_policy("adaptive", K_MAX, policy.target_cost)
     free.acceptance = policy.acceptance
     assert all(free.choose(reqs, 2, 2, [0, 0]) == [1, 1] for _ in range(2 * PROBE_EVERY))
 
@@ -250,10 +258,7 @@ def test_a_draft_network_probes_one_position_past_its_chosen_k():
 def test_a_request_running_alone_is_probed_more_often():
     """Alone, a request's probe is paid for it alone: every PROBE_EVERY_ALONE-th plan (not every
     PROBE_EVERY-th) drafts its second token anyway."""
-    target, draft = head_cost()
-    policy = build_policy("adaptive", K_MAX, target, draft)
-    for _ in range(40):
-        policy.acceptance.observe("earlier", 2, 1)  # first guesses right, second ones wrong
+    policy = head_policy_whose_second_guesses_fail()
     plans = [policy.choose([fake_request("a")], 1, 1, [1]) for _ in range(2 * PROBE_EVERY)]
     assert plans[0] == [1]
     bumped = [i for i, ks in enumerate(plans) if ks != [1]]
