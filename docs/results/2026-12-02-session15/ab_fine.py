@@ -1,7 +1,8 @@
 """Fine-grained interleaved A/B: many short runs of each side in shuffled order per round; the
 figure is the median over rounds of side/offline within the round (the machine's speed drifts
 over seconds, so only adjacent runs are compared)."""
-import random, statistics, subprocess, sys, time, os, urllib.request
+import random, statistics, os
+from _live import SERVE_WRAP, launch, wait_healthy
 from specserve.bench.online import run_client, run_online_point
 from specserve.bench.lab import prepare_workload, run_workload, warm_up
 from specserve.bench.workloads import load_workload
@@ -15,16 +16,11 @@ for k, spec in enumerate(os.environ["VARIANTS"].split(";")):
     name, _, envs = spec.partition("=")
     extra = dict(kv.split(":", 1) for kv in envs.split(",") if kv)
     port = 8050 + k
-    cmd = extra.pop("CMD", ".venv/bin/python docs/results/2026-12-02-session15/serve_wrap.py").split()
+    cmd = extra.pop("CMD", SERVE_WRAP)
     args = extra.pop("ARGS", "").split()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **extra}
-    servers[name] = (port, subprocess.Popen(cmd + ["--port", str(port), "--log-level", "warning"] + args, env=env))
-for name, (port, _) in servers.items():
-    for _ in range(120):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health"); break
-        except Exception:
-            time.sleep(1)
+    servers[name] = (port, launch(port, args, env=extra, cmd=cmd))
+for port, _ in servers.values():
+    wait_healthy(port)
 items = load_workload("prose")
 llm = LLM()
 warm_up(llm.engine)

@@ -1,17 +1,13 @@
 """CPU seconds by thread during a streamed load against a live server, vs the offline engine."""
-import os, subprocess, sys, time, urllib.request, resource
+import os, sys, time, resource
+from _live import launch, wait_healthy
 from specserve.bench.online import run_client, run_online_point
 from specserve.bench.workloads import load_workload
 
 PORT = 8030
 CONC = int(os.environ.get("C", "8")); NPROMPTS = int(os.environ.get("NP", "32"))
-env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-srv = subprocess.Popen([".venv/bin/specserve", "serve", "--port", str(PORT), "--log-level", "warning"] + sys.argv[1:], env=env)
-for _ in range(120):
-    try:
-        urllib.request.urlopen(f"http://127.0.0.1:{PORT}/health"); break
-    except Exception:
-        time.sleep(1)
+srv = launch(PORT, sys.argv[1:], cmd=".venv/bin/specserve serve")
+wait_healthy(PORT)
 items = load_workload("prose")
 
 def threads(pid):
