@@ -406,6 +406,8 @@ def test_off_policy_does_no_draft_work():
     stats = spec.get_stats()
     assert stats["draft_num_forwards"] == 0 and stats["num_draft_tokens"] == 0
     assert stats["spec_k_histogram"] == {0: sum(stats["spec_k_histogram"].values())}
+    # What deciding not to speculate cost is counted, inside the step's time.
+    assert 0 < stats["spec_time_s"] < stats["step_time_s"] and stats["draft_time_s"] == 0
 
 
 def test_adaptive_stops_drafting_when_acceptance_is_hopeless():

@@ -182,8 +182,41 @@ def test_sweep_summary_flags_where_adaptive_loses():
     assert (below_best["concurrency"], below_best["best_other"]) == (32, "off")
     assert [p["concurrency"] for p in summary["adaptive_below_off"]] == [32]
     lines = summary_lines(summary)
-    assert "1 point(s): ngram/json/c=32 (0.94x off)" in lines[0]
+    assert "1 point(s): ngram/json/c=32 (0.944x off)" in lines[0]
     assert sweep_table(cells, ["off", "static:4", "adaptive"]).row_count == 2
+
+
+def test_sweep_summary_reports_the_controllers_cost_where_it_drafted_nothing():
+    def cell(policy: str, c: int, drafts: int, spec_s: float) -> dict:
+        return {"proposer": "ngram", "workload": "prose", "policy": policy, "concurrency": c,
+                "run": {"output_tok_s": 100.0, "num_draft_tokens": drafts,
+                        "step_time_s": 2.0, "spec_time_s": spec_s}}
+
+    cells = [cell("off", 1, 0, 0.0), cell("adaptive", 1, 40, 0.5),
+             cell("off", 64, 0, 0.0), cell("adaptive", 64, 0, 0.01)]
+    summary = summarize_sweep(cells)
+    assert [(p["drafted"], p["spec_time_frac"]) for p in summary["ratios"]] == [
+        (True, 0.25), (False, 0.005)]
+    # Only the point where it drafted nothing measures the cost of deciding not to.
+    assert "drafted nothing at 1 point(s)" in summary_lines(summary)[-1]
+    assert "0.50% of the step time" in summary_lines(summary)[-1]
+
+
+def test_sweep_ratios_pair_the_runs_of_each_round():
+    """With every round's throughput, adaptive is compared with each policy inside a round
+    (the machine's speed drifts between rounds), not median run against median run."""
+    def cell(policy: str, runs: list[float]) -> dict:
+        return {"proposer": "ngram", "workload": "json", "policy": policy, "concurrency": 8,
+                "run": {"output_tok_s": sorted(runs)[1], "output_tok_s_runs": runs}}
+
+    # Round 2 ran slow for adaptive and fast for off, round 3 the other way round.
+    cells = [cell("off", [98, 82, 49]), cell("static:2", [90, 45, 70]),
+             cell("adaptive", [100, 50, 80])]
+    (ratios,) = summarize_sweep(cells)["ratios"]
+    assert ratios["vs_off"] == pytest.approx(100 / 98)  # median of 100/98, 50/82, 80/49
+    assert ratios["vs_best"] == pytest.approx(100 / 98) and ratios["best_other"] == "off"
+    # Median run against median run would have read 80 / 82.
+    assert ratios["vs_off"] > 1 > 80 / 82
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +237,11 @@ def test_online_against_a_live_server(server, tmp_path, capsys):
     # Two runs a side, alternating; the median (lower middle) run of each is the one shown.
     assert len(point["online_tok_s_runs"]) == len(point["offline_tok_s_runs"]) == 2
     assert point["online"]["output_tok_s"] == min(point["online_tok_s_runs"])
+    # The comparison pairs each round's runs: the median of the two per-round ratios.
+    ratios = [a / b for a, b in zip(point["online_tok_s_runs"], point["offline_tok_s_runs"],
+                                    strict=True)]
+    assert point["online_offline_ratio"]["median"] == pytest.approx(sum(ratios) / 2)
+    assert point["online_offline_ratio"]["rounds"] == 2
     online, offline = point["online"], point["offline"]
     assert online["num_requests"] == 4 and online["model"] == "SmolLM2-135M-Instruct"
     # Exact counts from the usage chunk: 4 tokens each, whatever the chunking.

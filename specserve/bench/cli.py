@@ -263,7 +263,7 @@ def cmd_online(args: argparse.Namespace) -> None:
     from specserve.bench.lab import prepare_workload, run_workload, warm_up
     from specserve.bench.machine import describe_machine
     from specserve.bench.online import CLIENT_ERRORS, OnlineError, run_client, run_online_point
-    from specserve.bench.report import online_table, write_json
+    from specserve.bench.report import online_table, paired_ratio, write_json
     from specserve.bench.workloads import load_workload
 
     items = load_workload(args.workload)
@@ -287,20 +287,28 @@ def cmd_online(args: argparse.Namespace) -> None:
         for i, c in enumerate(conc):
             n = args.num_prompts or max(2 * c, 8)
             runs: dict[str, list[dict]] = {"online": [], "offline": []}
-            # Alternate online and offline runs so that drift in the machine's speed (shared,
-            # 2 cores) lands on both sides; the median run of each side is reported.
+            # Online and offline alternate, which one goes first swapping every round: this
+            # machine's speed drifts by 10-30% over seconds, so only a round's two runs share
+            # a speed, and the figure that compares them is the median of per-round ratios.
             for r in range(args.repeats):
-                runs["online"].append(run_client(run_online_point(
-                    args.url, items, c, n, model=args.served_model, api_key=args.api_key,
-                    max_tokens_cap=args.max_tokens, ignore_eos=args.ignore_eos,
-                    timeout=args.timeout, warm_up=i == 0 and r == 0)))
-                if offline is not None:
-                    runs["offline"].append(offline(c, n))
+                sides = ("online", "offline") if r % 2 == 0 else ("offline", "online")
+                for side in sides:
+                    if side == "online":
+                        runs["online"].append(run_client(run_online_point(
+                            args.url, items, c, n, model=args.served_model,
+                            api_key=args.api_key, max_tokens_cap=args.max_tokens,
+                            ignore_eos=args.ignore_eos, timeout=args.timeout,
+                            warm_up=i == 0 and r == 0)))
+                    elif offline is not None:
+                        runs["offline"].append(offline(c, n))
             row = {"concurrency": c}
             for side, results in runs.items():
                 if results:
                     row[side] = _median_run(results)
                     row[f"{side}_tok_s_runs"] = [x["output_tok_s"] for x in results]
+            if runs["offline"]:
+                row["online_offline_ratio"] = paired_ratio(row["online_tok_s_runs"],
+                                                           row["offline_tok_s_runs"])
             rows.append(row)
     except (OnlineError, *CLIENT_ERRORS) as exc:  # a message, not a traceback
         raise SystemExit(f"specserve: error: {args.url}: {exc}") from None
@@ -339,7 +347,10 @@ def _add_online(bench) -> None:
     p.add_argument("--compare-offline", action="store_true",
                    help="also run the same points in-process with the engine flags below")
     p.add_argument("--repeats", type=int, default=1,
-                   help="runs per point (online and offline alternating); the median is shown")
+                   help="runs per point (online and offline alternating); the median run is "
+                        "shown, and with --compare-offline the median of per-round ratios "
+                        "(many short runs resolve a few %% here: e.g. --repeats 30 "
+                        "--num-prompts 16)")
     add_engine_args(p)
     p.set_defaults(func=cmd_online)
 

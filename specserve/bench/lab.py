@@ -42,7 +42,7 @@ from specserve.sampling_params import SamplingParams
 _COUNTERS = ("num_steps", "num_prompt_tokens", "num_generated_tokens", "num_preemptions",
              "num_draft_tokens", "num_accepted_tokens", "num_verifications",
              "prefix_cache_queries", "prefix_cache_hits", "forward_time_s", "step_time_s",
-             "draft_time_s", "verify_time_s")
+             "draft_time_s", "verify_time_s", "spec_time_s")
 _MEMORY = {"target_weight_bytes": "weight_bytes", "target_kv_bytes": "kv_cache_bytes",
            "draft_weight_bytes": "draft_weight_bytes", "draft_kv_bytes": "draft_kv_cache_bytes",
            "kv_blocks_total": "kv_blocks_total"}

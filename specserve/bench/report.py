@@ -181,13 +181,44 @@ def group_cells(cells: Sequence[dict]) -> dict[tuple, dict[str, dict]]:
 
 
 def adaptive_ratios(row: dict[str, dict]) -> dict:
-    """adaptive's throughput over the best other policy's, and over `off`'s."""
+    """adaptive's throughput over the best other policy's, and over `off`'s.
+
+    When the cells hold every round's throughput (a sweep interleaves the policies round by
+    round), each ratio is the median over rounds of adaptive / that policy *within the round*:
+    this machine's speed drifts by 10-30% over seconds, and only adjacent runs share a speed.
+    The best other policy is then the one adaptive does worst against. Otherwise the ratios
+    compare the cells' single figures."""
     tput = {p: r.get("output_tok_s") for p, r in row.items() if r.get("output_tok_s")}
-    mine = tput.get("adaptive")
-    others = [v for p, v in tput.items() if p != "adaptive"]
-    return {"vs_best": mine / max(others) if mine and others else None,
-            "vs_off": mine / tput["off"] if mine and tput.get("off") else None,
-            "best_other": max((p for p in tput if p != "adaptive"), key=tput.get, default=None)}
+    if "adaptive" not in tput:
+        return {"vs_best": None, "vs_off": None, "best_other": None}
+    others = [p for p in tput if p != "adaptive"]
+    paired = _paired_ratios(row, others)
+    ratio = paired or {p: tput["adaptive"] / tput[p] for p in others}
+    best = min(others, key=ratio.get, default=None)
+    return {"vs_best": ratio[best] if best else None, "vs_off": ratio.get("off"),
+            "best_other": best}
+
+
+def _paired_ratios(row: dict[str, dict], others: Sequence[str]) -> dict[str, float] | None:
+    """{policy: median over rounds of adaptive / policy}, or None without 2+ aligned rounds."""
+    mine = row["adaptive"].get("output_tok_s_runs") or []
+    runs = {p: row[p].get("output_tok_s_runs") or [] for p in others}
+    if len(mine) < 2 or any(len(r) != len(mine) for r in runs.values()):
+        return None
+    ratios = {p: paired_ratio(mine, r) for p, r in runs.items()}
+    if any(r is None for r in ratios.values()):
+        return None
+    return {p: r["median"] for p, r in ratios.items()}
+
+
+def paired_ratio(mine: Sequence[float], theirs: Sequence[float]) -> dict | None:
+    """The median and quartiles over rounds of mine / theirs within each round (runs of one
+    round are adjacent in time, so they share the machine's speed of the moment)."""
+    ratios = sorted(a / b for a, b in zip(mine, theirs, strict=True) if a and b)
+    if not ratios:
+        return None
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else ratios * 3
+    return {"median": statistics.median(ratios), "q1": q1, "q3": q3, "rounds": len(ratios)}
 
 
 def online_table(rows: Sequence[dict], title: str) -> Table:
@@ -205,10 +236,15 @@ def online_table(rows: Sequence[dict], title: str) -> Table:
                 f"{fmt(on['tpot_p50_ms'], 1)}/{fmt(on['tpot_p99_ms'], 1)}"]
         off = r.get("offline")
         if offline:
-            ratio = (on["output_tok_s"] / off["output_tok_s"]
-                     if off and on["output_tok_s"] and off["output_tok_s"] else None)
+            paired = r.get("online_offline_ratio")
+            if paired:
+                ratio = f"{paired['median']:.3f}"
+                if paired["rounds"] >= 4:
+                    ratio += f" [{paired['q1']:.3f}, {paired['q3']:.3f}]"
+            else:
+                ratio = (f"{on['output_tok_s'] / off['output_tok_s']:.3f}"
+                         if off and on["output_tok_s"] and off["output_tok_s"] else "—")
             cols += [fmt(off["output_tok_s"], 1) if off else "—",
-                     fmt(off["tpot_p50_ms"], 1) if off else "—",
-                     "—" if ratio is None else f"{ratio:.3f}"]
+                     fmt(off["tpot_p50_ms"], 1) if off else "—", ratio]
         t.add_row(*cols)
     return t

@@ -131,7 +131,8 @@ def summarize_sweep(cells: Sequence[dict], tolerance: float = 0.97) -> dict:
         r = adaptive_ratios(row)
         if r["vs_best"] is None and r["vs_off"] is None:
             continue
-        where = {"proposer": proposer, "workload": workload, "concurrency": c, **r}
+        where = {"proposer": proposer, "workload": workload, "concurrency": c, **r,
+                 **spec_overhead(row["adaptive"])}
         ratios.append(where)
         if r["vs_best"] is not None and r["vs_best"] < tolerance:
             below_best.append(where)
@@ -141,6 +142,15 @@ def summarize_sweep(cells: Sequence[dict], tolerance: float = 0.97) -> dict:
             "adaptive_below_off": below_off}
 
 
+def spec_overhead(run: dict) -> dict:
+    """Whether adaptive drafted at all, and the share of its step time spent on speculation
+    outside the target's forward. A point where it drafted nothing did the work of `off` plus
+    exactly that share: its throughput gap to `off` beyond the share is the machine's noise."""
+    step, spec = run.get("step_time_s"), run.get("spec_time_s")
+    return {"drafted": bool(run.get("num_draft_tokens")),
+            "spec_time_frac": spec / step if step and spec is not None else None}
+
+
 def summary_lines(summary: dict) -> list[str]:
     def where(p: dict) -> str:
         return f"{p['proposer']}/{p['workload']}/c={p['concurrency']}"
@@ -148,10 +158,15 @@ def summary_lines(summary: dict) -> list[str]:
     tol = summary["tolerance"]
     best = summary["adaptive_below_best"]
     off = summary["adaptive_below_off"]
+    idle = [p["spec_time_frac"] for p in summary["ratios"]
+            if not p.get("drafted") and p.get("spec_time_frac") is not None]
+    overhead = ([f"adaptive drafted nothing at {len(idle)} point(s); there its speculation "
+                 f"bookkeeping took at most {max(idle):.2%} of the step time"] if idle else [])
     return [
         f"adaptive < {tol:.2f}x the best other policy at {len(best)} point(s)"
-        + (": " + ", ".join(f"{where(p)} ({p['vs_best']:.2f}x {p['best_other']})" for p in best)
+        + (": " + ", ".join(f"{where(p)} ({p['vs_best']:.3f}x {p['best_other']})" for p in best)
            if best else ""),
         f"adaptive < 1.00x off at {len(off)} point(s)"
-        + (": " + ", ".join(f"{where(p)} ({p['vs_off']:.2f}x)" for p in off) if off else ""),
+        + (": " + ", ".join(f"{where(p)} ({p['vs_off']:.3f}x)" for p in off) if off else ""),
+        *overhead,
     ]

@@ -43,6 +43,10 @@ class EngineStats:
     num_verifications: int = 0  # (request, step) pairs that verified >= 1 draft token
     draft_time: float = 0.0  # seconds proposing
     verify_time: float = 0.0  # seconds in target forwards of steps that verified drafts
+    # Seconds a step spends on speculation outside the target's forward: handing features
+    # over, observing, planning, proposing (draft forwards included). With every K_i = 0 it
+    # is what the controller costs on top of `off`.
+    spec_time: float = 0.0
 
 
 logger = logging.getLogger("specserve")
@@ -276,9 +280,11 @@ class LLMEngine:
         for req, _ in sched.scheduled:
             if not req.is_finished:
                 self.block_manager.cache_blocks(req)
-        if self.proposer is not None and self.proposer.needs_hidden:
-            self._hand_over_hidden(sched.scheduled, computed_before, inputs.query_start, hidden)
         if self.proposer is not None:
+            t_spec = time.perf_counter()
+            if self.proposer.needs_hidden:
+                self._hand_over_hidden(sched.scheduled, computed_before, inputs.query_start,
+                                       hidden)
             runs = [(c, n) for c, (_, n) in zip(computed_before, sched.scheduled, strict=True)]
             self.spec_policy.observe_step(sched.total_num_tokens, t_forward,
                                           self.proposer.last_forwards,
@@ -286,6 +292,7 @@ class LLMEngine:
             self.proposer.last_forwards = []
             self._last_draft_time = 0.0
             self._propose()
+            self.stats.spec_time += time.perf_counter() - t_spec
         self.stats.num_steps += 1
         self.stats.step_time += time.perf_counter() - t0
         return outputs
@@ -534,6 +541,7 @@ class LLMEngine:
             / s.num_verifications if s.num_verifications else None,
             "draft_time_s": s.draft_time,
             "verify_time_s": s.verify_time,
+            "spec_time_s": s.spec_time,
             "draft_weight_bytes": p.weight_bytes if p else 0,
             "draft_kv_cache_bytes": p.kv_cache_bytes if p else 0,
             "draft_num_forwards": getattr(p, "num_forwards", 0),

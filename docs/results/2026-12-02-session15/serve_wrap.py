@@ -25,6 +25,18 @@ if os.environ.get("GCSTATS"):
     atexit.register(dump)
     if os.environ.get('GCFREEZE'):
         import specserve.server.api_server as a
+hs = os.environ.get("HTTP_SCHED")  # session 16: the HTTP thread's scheduling ("idle" or a nice value)
+if hs:
+    import uvicorn
+    _orig_run = uvicorn.Server.run
+    def _run(self, *a, **k):
+        tid = threading.get_native_id()
+        if hs == "idle":
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        else:
+            os.setpriority(os.PRIO_PROCESS, tid, int(hs))
+        return _orig_run(self, *a, **k)
+    uvicorn.Server.run = _run
 from specserve.cli import main
 if os.environ.get("NOFREEZE"):
     import specserve.server.api_server as _a
