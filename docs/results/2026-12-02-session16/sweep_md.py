@@ -9,7 +9,7 @@ from specserve.bench.report import group_cells
 cells = json.load(open(sys.argv[1]))["cells"]
 ratios = {(r["workload"], r["concurrency"]): r for r in summarize_sweep(cells)["ratios"]}
 pols = ["off", "static:2", "static:4", "batch-threshold:8", "adaptive"]
-print("| workload | conc | " + " | ".join(pols) + " | adaptive/best | adaptive/off | adaptive steps K>0 | spec time / step |")
+print("| workload | conc | " + " | ".join(pols) + " | adaptive/best | adaptive/off | adaptive: request-steps with K>0 | spec time / step |")
 print("|---|---:|" + "---:|" * (len(pols) + 4))
 for (prop, w, c), row in group_cells(cells).items():
     r = ratios[(w, c)]
