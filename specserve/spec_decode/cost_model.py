@@ -26,6 +26,8 @@ token adds prod_{m<=j} a_m, which never grows with j, and a request's draft toke
 same, so for a fixed total S = sum K_i the best split takes the S increments with the largest
 gain per second, gain / (marginal token time + attention_s * ctx_i). We sweep S over
 0..sum K_max_i along that order and keep the best goodput: one sort and a few vector ops per step.
+A draft network's cost is set by the depth of the drafts (chained forward j serves every request
+with K_i >= j), not by their number, so for it the sweep runs once per depth D, over levels <= D.
 
 A draft network (a draft model, an EAGLE head) must first catch up on every token it has not
 seen: the prompt, or a long stretch during which the request did not speculate. That work is
@@ -273,17 +275,33 @@ def choose_num_speculative_tokens(
                   / 16, 1e-9)  # marginal time of one more token, context aside
     order = np.lexsort((level, -gain / (token_s + attn)))  # a request's levels stay in order
     req_idx, level, gain, attn = req_idx[order], level[order], gain[order], attn[order]
-    total = np.arange(len(gain) + 1)  # S = number of increments taken
-    tokens = base_tokens + np.concatenate([[0.0], np.cumsum(gain)])
+    # A draft network's chained forward j serves every request with K >= j at about the price
+    # of one: the depth of the drafts, not their number, sets the draft's cost. Taken in order
+    # of gain per target-second alone, the levels 3-4 of the best request came before level 1 of
+    # the next, each a whole new forward, so the sweep never saw "K = 2 for both" (trained
+    # draft, json, concurrency 2: K = 0 at 0.77x static K = 2). So the sweep runs once per
+    # depth D, over the levels <= D only, and keeps the best plan of any depth: row d of the
+    # arrays below is depth d + 1, column p the first p increments of the order, of which
+    # those deeper than D are skipped (a skipped one repeats the previous plan). A free
+    # proposer (n-gram) needs only the one row over every level.
+    depths = levels[:, None] if draft_cost is not None else np.array([[depth]])
+    take = level[None, :] <= depths  # [rows, M]
+
+    def upto(x: np.ndarray) -> np.ndarray:  # [rows, M + 1]: sums over the first p taken
+        return np.concatenate([np.zeros((len(depths), 1)),
+                               np.cumsum(np.where(take, x[None, :], 0.0), axis=1)], axis=1)
+
+    total = upto(np.ones(len(gain)))  # S, the drafts taken
+    tokens = base_tokens + upto(gain)
     time = base_time - float(target_cost(num_base_tokens)) + target_cost(num_base_tokens + total) \
-        + np.concatenate([[0.0], np.cumsum(attn)])
+        + upto(attn)
     charged = time
     if draft_cost is not None:
-        # Draft forward j runs over the requests whose K >= j; forward 1 also catches up.
-        width = np.zeros((len(levels), len(total)))
-        for j in levels:
-            width[j - 1] = np.concatenate([[0.0], np.cumsum(level == j)])
-        time = time + draft_cost(width).sum(axis=0)
+        # Draft forward j runs over the requests whose K >= j (the same in every row that goes
+        # that deep); forward 1 also catches up.
+        width = np.concatenate([np.zeros((len(levels), 1)), np.cumsum(
+            level[None, :] == levels[:, None], axis=1)], axis=1)  # [depth, M + 1]
+        time = time + np.cumsum(draft_cost(width), axis=0)  # row d: forwards 1..d + 1
         charged = time
         if catch_up is not None:
             extra = np.maximum(np.asarray(catch_up, dtype=np.float64) - 1, 0.0)
@@ -296,15 +314,23 @@ def choose_num_speculative_tokens(
             time = time + catch_up_s
             charged = charged + catch_up_s * paid_s / np.maximum(extra_s, 1e-9)
     goodput = tokens / np.maximum(charged, 1e-9)
-    best = int(np.argmax(goodput))
-    if goodput[best] < (1 + min_gain) * goodput[0]:
-        best = 0  # never keep speculating on a predicted gain inside the model's error
-    elif prev_total is not None and 0 < prev_total < len(goodput) and \
-            goodput[prev_total] >= (1 - hysteresis) * goodput[best] and \
-            goodput[prev_total] >= (1 + min_gain / 2) * goodput[0]:
-        best = prev_total  # not worth switching: avoids K flip-flopping near break-even
-    k = np.bincount(req_idx[:best], minlength=num_reqs)
-    return k, float(time[best]) + prefill_time, float(goodput[best])
+    row, best = np.unravel_index(int(np.argmax(goodput)), goodput.shape)  # the first maximum
+    none_goodput = goodput[0, 0]
+    if goodput[row, best] < (1 + min_gain) * none_goodput:
+        row, best = 0, 0  # never keep speculating on a predicted gain inside the model's error
+    elif prev_total is not None and 0 < prev_total:
+        # Not worth switching: keeps K from flip-flopping near break-even. The previous total
+        # is kept at whichever depth serves it best.
+        at_prev = total == prev_total
+        if at_prev.any():
+            prev_goodput = np.where(at_prev, goodput, -np.inf)
+            r, p = np.unravel_index(int(np.argmax(prev_goodput)), goodput.shape)
+            if prev_goodput[r, p] >= (1 - hysteresis) * goodput[row, best] and \
+                    prev_goodput[r, p] >= (1 + min_gain / 2) * none_goodput:
+                row, best = r, p
+    chosen = req_idx[:best][take[row, :best]]
+    k = np.bincount(chosen, minlength=num_reqs)
+    return k, float(time[row, best]) + prefill_time, float(goodput[row, best])
 
 
 def catch_up_share(gains: np.ndarray, allowed: np.ndarray,
