@@ -17,6 +17,7 @@ from specserve.bench.lab import (
     Preset,
     Strategy,
     prepare_workload,
+    proposer_config,
     run_lab,
     run_workload,
 )
@@ -340,3 +341,14 @@ def test_repetitions_rebuild_every_strategy_in_rotated_order(monkeypatch):
     assert [s["name"] for s in lab.strategies] == ["a", "b", "broken"]
     runs = {p["strategy"]: [r["build"] for r in p["runs"]] for p in lab.points}
     assert runs == {"a": [1, 5, 6], "b": [2, 4, 7]}
+
+
+def test_proposer_config_takes_model_directories_by_name():
+    assert proposer_config("draft", 3, draft_model="/d") == {
+        "method": "draft", "model": "/d", "num_speculative_tokens": 3}
+    assert proposer_config("draft:2", 3)["draft_layers"] == 2
+    assert proposer_config("eagle", 3, eagle_model="/e")["model"] == "/e"
+    # Positionally, a trained draft's directory landed in the EAGLE slot and the untrained
+    # self-draft was measured instead, without a word.
+    with pytest.raises(TypeError):
+        proposer_config("draft", 3, None, "/d")

@@ -264,6 +264,7 @@ def cmd_online(args: argparse.Namespace) -> None:
     from specserve.bench.machine import describe_machine
     from specserve.bench.online import CLIENT_ERRORS, OnlineError, run_client, run_online_point
     from specserve.bench.report import online_table, paired_ratio, write_json
+    from specserve.bench.sweep import median_run
     from specserve.bench.workloads import load_workload
 
     items = load_workload(args.workload)
@@ -304,7 +305,7 @@ def cmd_online(args: argparse.Namespace) -> None:
             row = {"concurrency": c}
             for side, results in runs.items():
                 if results:
-                    row[side] = _median_run(results)
+                    row[side] = median_run(results)
                     row[f"{side}_tok_s_runs"] = [x["output_tok_s"] for x in results]
             if runs["offline"]:
                 row["online_offline_ratio"] = paired_ratio(row["online_tok_s_runs"],
@@ -318,12 +319,6 @@ def cmd_online(args: argparse.Namespace) -> None:
         write_json(path, {"machine": describe_machine(url=args.url, workload=args.workload),
                           "repeats": args.repeats, "points": rows})
         console.print(f"wrote {path}")
-
-
-def _median_run(results: list[dict]) -> dict:
-    """The run with the median output tok/s (the lower middle one for an even count)."""
-    ranked = sorted(results, key=lambda x: x["output_tok_s"])
-    return ranked[(len(ranked) - 1) // 2]
 
 
 def _add_online(bench) -> None:

@@ -214,11 +214,12 @@ class Strategy:
     reset_prefix_cache: bool = True
 
 
-def proposer_config(proposer: str, k: int, draft_model: str | None = None,
+def proposer_config(proposer: str, k: int, *, draft_model: str | None = None,
                     eagle_model: str | None = None) -> dict:
     """A speculative_config. `draft` is the target's first 4 layers unless a trained draft
     directory is given; `draft:N` is the self-draft of the first N layers; `eagle` needs a
-    trained head."""
+    trained head. The directories are keyword-only: one passed in the other's place was
+    silently ignored (an untrained self-draft measured instead of the trained one)."""
     if proposer == "eagle":
         if eagle_model is None:
             raise ValueError("the eagle proposer needs a trained head: pass --eagle-model, or "
@@ -236,7 +237,7 @@ def builtin_strategies(draft_model: str | None = None, k: int = 4,
                        eagle_model: str | None = None) -> dict[str, Strategy]:
     """The article's rows. `draft_model`: a trained draft directory instead of the self-draft
     (the target's first 4 layers); `eagle_model`: a trained EAGLE head (adds the eagle rows)."""
-    draft = proposer_config("draft", k, draft_model)
+    draft = proposer_config("draft", k, draft_model=draft_model)
     ngram = proposer_config("ngram", k)
     off = {"enable_prefix_caching": False}
 

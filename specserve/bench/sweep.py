@@ -82,7 +82,8 @@ def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
         row = {"proposer": proposer, "policies": policies}
         try:
             kwargs = {**common, "speculative_config": proposer_config(
-                proposer, settings.k_max, settings.draft_model, settings.eagle_model),
+                proposer, settings.k_max, draft_model=settings.draft_model,
+                eagle_model=settings.eagle_model),
                 "speculation_policy": "adaptive"}  # profiles the cost model at start-up
             row["engine_kwargs"] = kwargs
             llm = build_llm(model, kwargs)

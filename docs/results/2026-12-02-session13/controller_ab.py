@@ -19,7 +19,7 @@ old_plan = ns["_plan_then_look_up"]
 
 workloads, concs = sys.argv[1].split(","), [int(c) for c in sys.argv[2].split(",")]
 n, rounds, cap = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, None, HEAD),
+llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, eagle_model=HEAD),
                        "speculation_policy": "adaptive", "enable_prefix_caching": True,
                        "kv_cache_memory": 2 << 30})
 e = llm.engine

@@ -5,7 +5,7 @@ from specserve.bench.lab import build_llm, prepare_workload, proposer_config, ru
 from specserve.bench.sweep import parse_policy
 HEAD = os.path.expanduser("~/.cache/specserve/drafts/SmolLM2-135M-Instruct-prose+json+sql+rag-eagle")
 wl, conc, n, rounds, cap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, None, HEAD),
+llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, eagle_model=HEAD),
                       "speculation_policy": "adaptive", "enable_prefix_caching": True,
                       "kv_cache_memory": 2 << 30})
 e = llm.engine

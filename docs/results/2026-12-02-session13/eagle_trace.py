@@ -5,7 +5,7 @@ from specserve.bench.lab import build_llm, prepare_workload, proposer_config, ru
 from specserve.spec_decode import policy as pol
 HEAD = os.path.expanduser("~/.cache/specserve/drafts/SmolLM2-135M-Instruct-prose+json+sql+rag-eagle")
 wl = sys.argv[1]
-llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, None, HEAD),
+llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, eagle_model=HEAD),
                       "speculation_policy": "adaptive", "enable_prefix_caching": True, "kv_cache_memory": 2 << 30})
 e = llm.engine; warm_up(e)
 w = prepare_workload(e, wl, cap=32)

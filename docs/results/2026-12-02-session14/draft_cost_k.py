@@ -4,7 +4,7 @@ import os, statistics
 from specserve.bench.lab import build_llm, prepare_workload, proposer_config, run_workload, warm_up
 from specserve.bench.sweep import parse_policy
 HEAD = os.path.expanduser("~/.cache/specserve/drafts/SmolLM2-135M-Instruct-prose+json+sql+rag-eagle")
-llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, None, HEAD),
+llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, eagle_model=HEAD),
                        "speculation_policy": "adaptive", "kv_cache_memory": "2GiB"})
 e = llm.engine
 warm_up(e)

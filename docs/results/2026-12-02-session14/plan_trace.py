@@ -5,7 +5,7 @@ from specserve.bench.lab import build_llm, prepare_workload, proposer_config, ru
 from specserve.spec_decode import cost_model as cm
 HEAD = os.path.expanduser("~/.cache/specserve/drafts/SmolLM2-135M-Instruct-prose+json+sql+rag-eagle")
 wl = sys.argv[1] if len(sys.argv) > 1 else "json"
-llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, None, HEAD),
+llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, eagle_model=HEAD),
                        "speculation_policy": "adaptive", "kv_cache_memory": "2GiB"})
 e = llm.engine
 warm_up(e)

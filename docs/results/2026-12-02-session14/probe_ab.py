@@ -7,7 +7,7 @@ from specserve.bench.sweep import parse_policy
 HEAD = os.path.expanduser("~/.cache/specserve/drafts/SmolLM2-135M-Instruct-prose+json+sql+rag-eagle")
 workloads, concs = sys.argv[1].split(","), [int(c) for c in sys.argv[2].split(",")]
 n, rounds, cap = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, None, HEAD),
+llm = build_llm(None, {"speculative_config": proposer_config("eagle", 4, eagle_model=HEAD),
                        "speculation_policy": "adaptive", "kv_cache_memory": "2GiB"})
 e = llm.engine
 warm_up(e)

@@ -7,7 +7,7 @@ c = int(sys.argv[1]) if len(sys.argv) > 1 else 1
 quants = sys.argv[2].split(",") if len(sys.argv) > 2 else ["none", "int8", "int4"]
 engines = {}
 for q in quants:
-    cfg = proposer_config("draft", 2, DRAFT)
+    cfg = proposer_config("draft", 2, draft_model=DRAFT)
     if q != "none":
         cfg["quantization"] = q
     llm = build_llm(None, {"speculative_config": cfg, "speculation_policy": "static",

@@ -3,7 +3,7 @@ import os, time, torch, random
 from specserve.bench.lab import build_llm, proposer_config
 from specserve.spec_decode import profiler as P
 DRAFT = os.path.expanduser("~/.cache/specserve/drafts/SmolLM2-135M-Instruct-prose+json+sql+rag-3")
-llm = build_llm(None, {"speculative_config": proposer_config("draft", 4, DRAFT),
+llm = build_llm(None, {"speculative_config": proposer_config("draft", 4, draft_model=DRAFT),
                        "speculation_policy": "adaptive", "kv_cache_memory": "2GiB"})
 e = llm.engine
 tc = e.spec_policy.target_cost

@@ -5,7 +5,7 @@ from specserve.bench.lab import build_llm, prepare_workload, proposer_config, ru
 from specserve.spec_decode import policy as pol
 DRAFT = os.path.expanduser("~/.cache/specserve/drafts/SmolLM2-135M-Instruct-prose+json+sql+rag-3")
 wl = sys.argv[1]; concs = [int(c) for c in sys.argv[2].split(",")]
-llm = build_llm(None, {"speculative_config": proposer_config("draft", 4, DRAFT),
+llm = build_llm(None, {"speculative_config": proposer_config("draft", 4, draft_model=DRAFT),
                        "speculation_policy": "adaptive", "kv_cache_memory": "2GiB"})
 e = llm.engine
 warm_up(e)
