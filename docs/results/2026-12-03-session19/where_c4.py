@@ -36,15 +36,14 @@ for r in range(rounds):
     for name in (["off", "adaptive"] if r % 2 == 0 else ["adaptive", "off"]):
         params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True,
                                 speculation_policy=name)
-        todo, toks, t0 = list(prompts), 0, time.perf_counter()
+        todo, t0 = list(prompts), time.perf_counter()
         while todo or e.has_unfinished_requests():
             while todo and len(e.scheduler.running) + len(e.scheduler.waiting) < conc:
                 e.add_request(todo.pop()[0], params)
             cur.clear()
             s0 = time.perf_counter()
-            outs = e.step()
+            e.step()
             st = time.perf_counter() - s0
-            toks += sum(o.num_new_tokens for o in outs) if outs and hasattr(outs[0], "num_new_tokens") else 0
             if "n" in cur:
                 kind = "prefill" if cur["prefill"] else ("draft" if cur["n"] > cur["seqs"] else "decode")
                 steps[name].append((kind, cur["n"], cur["seqs"], cur["fwd"], st))
