@@ -143,6 +143,24 @@ def test_profile_fit_keeps_a_step_and_plans_as_the_true_curve_would():
     assert agree >= 0.9 * 20 * len(cases), agree
 
 
+def test_fit_line_reads_one_slope_through_noise():
+    """Past the small counts the profile is one line: through +-5% noise on the points 16-256,
+    its slope stays within 15% of the true one (point by point, local slopes ran from half to
+    twice it), and a falling set of points gives a flat line, never a negative slope."""
+    from specserve.spec_decode.cost_model import fit_line
+
+    rng = np.random.default_rng(2)
+    points = [16, 24, 32, 48, 64, 96, 128, 192, 256]
+    truth = np.array([0.01 + 0.0009 * n for n in points])
+    assert np.allclose(fit_line(points, truth.tolist()), truth)
+    for _ in range(20):
+        fit = np.array(fit_line(points, (truth * rng.uniform(0.95, 1.05, len(points))).tolist()))
+        slope = (fit[-1] - fit[0]) / (points[-1] - points[0])
+        assert abs(slope / 0.0009 - 1) < 0.15, slope
+    flat = fit_line([16, 32, 64], [3.0, 2.0, 1.0])
+    assert flat[0] == flat[1] == flat[2]
+
+
 def test_fit_monotone_pools_a_dip_and_keeps_a_monotone_curve():
     from specserve.spec_decode.cost_model import fit_monotone
 

@@ -182,6 +182,24 @@ def fit_monotone(num_tokens: list[int], seconds: list[float]) -> list[float]:
     return fit.tolist()
 
 
+def fit_line(num_tokens: list[int], seconds: list[float]) -> list[float]:
+    """The straight line a + s * n (s >= 0) nearest to the points, least squares in relative
+    error: a compute-bound forward's cost past the small counts. Fitted point by point there,
+    the fastest-of-3 noise made local slopes from 0.45 to 0.9 ms per token on one machine, and
+    at the low one the controller drafted at rag c32-c64 where every draft token costs (0.92x
+    `off`, docs/results/2026-12-03-session19)."""
+    x = np.asarray(num_tokens, dtype=np.float64)
+    y = np.asarray(seconds, dtype=np.float64)
+    if len(x) < 2:
+        return y.tolist()
+    w = 1.0 / np.maximum(y, 1e-12)
+    a, slope = np.linalg.lstsq(np.stack([np.ones_like(x), x], axis=1) * w[:, None], y * w,
+                               rcond=None)[0]
+    if slope < 0:
+        a, slope = float(np.sum(y * w * w) / np.sum(w * w)), 0.0
+    return (a + slope * x).tolist()
+
+
 def expected_emitted(alpha: np.ndarray, k: np.ndarray) -> np.ndarray:
     """Expected tokens emitted by one verification of k drafts: 1 + alpha + ... + alpha^k."""
     alpha = np.clip(alpha, 0.0, 0.999999)

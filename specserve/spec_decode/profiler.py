@@ -12,6 +12,9 @@ Timing noise on a shared machine is +-10% per forward, larger than a step's neig
 so the dense points are timed in DENSE_ROUNDS interleaved rounds (a slow spell hits every point
 once, not one point's runs) and each keeps its fastest; the curve is then the monotone fit
 nearest to them (isotonic regression), which keeps a step where a smooth fit spread it out.
+Past DENSE_MAX a forward is compute-bound and the larger counts (fastest of a few runs each)
+are fitted by one line: point by point their noise made local slopes that halved a token's
+price (cost_model.fit_line).
 Spread out by the flat-then-linear fit used before, the step made tokens 2-6 look costly and the
 7th cheap: the controller left the free drafts at concurrency 2 unused (trained draft, json:
 0.86x static K = 2) and bought the dear ones at concurrency 4 (n-gram, prose: 0.91x off).
@@ -30,7 +33,12 @@ from types import SimpleNamespace
 import torch
 
 from specserve.engine.model_runner import ModelRunner
-from specserve.spec_decode.cost_model import DraftCostModel, StepCostModel, fit_monotone
+from specserve.spec_decode.cost_model import (
+    DraftCostModel,
+    StepCostModel,
+    fit_line,
+    fit_monotone,
+)
 
 DENSE_MAX = 16  # every token count up to this is profiled on its own
 DENSE_ROUNDS = 5
@@ -132,7 +140,13 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
               - fastest([(seq(i, context, q), q) for i in range(s)])) / (s * extra)
         attention_s = max((dq - d1) / (q - 1), 0.0)
         kv_read_s = max(d1 - attention_s, 0.0)
-    return StepCostModel(list(points), fit_monotone(list(points), times),
+    # The small counts keep their steps; past them the forward is compute-bound and one line
+    # (through DENSE_MAX and up) replaces points whose local slopes are mostly noise.
+    k = len(dense)
+    fitted = fit_monotone(list(dense), times[:k])
+    tail = max(k - 1, 0)  # the line starts at the last small count, which keeps its own value
+    fitted += fit_line(list(points[tail:]), times[tail:])[k - tail:]
+    return StepCostModel(list(points), fitted,
                          kv_read_s=kv_read_s, attention_s=attention_s, base_context=context)
 
 
