@@ -107,68 +107,23 @@ def test_hysteresis_keeps_the_previous_choice_near_break_even():
         assert again.sum() in (prev, best_total)
 
 
-def staircase(n: float) -> float:
-    """A forward's seconds as measured on the 2-core Zen 4 (profiler.py): flat up to 6 tokens, a
-    step at the 7th, then ~1 ms per token."""
-    return 0.019 if n <= 6 else 0.0225 + 0.001 * (n - 7)
-
-
-def test_profile_fit_keeps_a_step_and_plans_as_the_true_curve_would():
-    """Through +-3% noise (the fastest of interleaved rounds), the fitted profile is monotone,
-    within 4% of the true curve and keeps the step at 7 tokens; and the plans made on it are
-    the plans the true curve gives (free drafts up to 6 tokens, none that cross the step for
-    little): at least 90% of them, over batches of 1-6 at acceptance 0.2-0.6. The flat-then-
-    linear fit used before spread the step over tokens 1-16 and agreed on 0 of these 140."""
-    from specserve.spec_decode.cost_model import fit_monotone
-    from specserve.spec_decode.profiler import PROFILE_POINTS
+def test_profile_fit_recovers_a_knee_curve_through_noise():
+    """One slow or lucky forward must not leave a flat stretch (drafts that look free): the
+    fitted profile is monotone, within 8% of the true flat-then-linear curve, and keeps at least
+    half the true slope across the stretch that was flat."""
+    from specserve.spec_decode.cost_model import fit_knee_curve
 
     rng = np.random.default_rng(1)
-    points = list(PROFILE_POINTS)
-    truth = np.array([staircase(n) for n in points])
-    true_cost = StepCostModel(points, truth.tolist())
-    cases = [(1, 0.2), (2, 0.3), (2, 0.6), (4, 0.3), (4, 0.4), (5, 0.3), (6, 0.4)]
-
-    def plan(c: int, a: float, cost: StepCostModel) -> list[int]:
-        return choose_num_speculative_tokens(np.full(c, a), np.full(c, K_MAX), c, cost)[0].tolist()
-
-    agree = 0
-    for _ in range(20):
-        noisy = truth * rng.uniform(0.97, 1.03, size=len(points))
-        fit = np.array(fit_monotone(points, noisy.tolist()))
+    points = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+    for knee, flat, slope in [(8, 5e-3, 4e-4), (64, 2e-3, 1e-5), (1, 6e-3, 4e-4)]:
+        truth = np.array([flat + slope * max(n - knee, 0) for n in points])
+        noisy = truth * rng.uniform(0.93, 1.07, size=len(points))
+        noisy[3:5] = noisy[2]  # a flat stretch, as one profile read T(3) = T(4) = T(6)
+        fit = np.array(fit_knee_curve(points, noisy.tolist()))
         assert np.all(np.diff(fit) >= 0)
-        assert np.all(np.abs(fit / truth - 1) < 0.04), fit / truth
-        assert fit[6] - fit[5] > 0.5 * (truth[6] - truth[5])  # T(7) - T(6)
-        cost = StepCostModel(points, fit.tolist())
-        agree += sum(plan(c, a, cost) == plan(c, a, true_cost) for c, a in cases)
-    assert agree >= 0.9 * 20 * len(cases), agree
-
-
-def test_fit_line_reads_one_slope_through_noise():
-    """Past the small counts the profile is one line: through +-5% noise on the points 16-256,
-    its slope stays within 15% of the true one (point by point, local slopes ran from half to
-    twice it), and a falling set of points gives a flat line, never a negative slope."""
-    from specserve.spec_decode.cost_model import fit_line
-
-    rng = np.random.default_rng(2)
-    points = [16, 24, 32, 48, 64, 96, 128, 192, 256]
-    truth = np.array([0.01 + 0.0009 * n for n in points])
-    assert np.allclose(fit_line(points, truth.tolist()), truth)
-    for _ in range(20):
-        fit = np.array(fit_line(points, (truth * rng.uniform(0.95, 1.05, len(points))).tolist()))
-        slope = (fit[-1] - fit[0]) / (points[-1] - points[0])
-        assert abs(slope / 0.0009 - 1) < 0.15, slope
-    flat = fit_line([16, 32, 64], [3.0, 2.0, 1.0])
-    assert flat[0] == flat[1] == flat[2]
-
-
-def test_fit_monotone_pools_a_dip_and_keeps_a_monotone_curve():
-    from specserve.spec_decode.cost_model import fit_monotone
-
-    assert fit_monotone([1, 2, 3, 4], [1.0, 2.0, 2.0, 5.0]) == [1.0, 2.0, 2.0, 5.0]
-    fit = fit_monotone([1, 2, 3, 4], [1.0, 3.0, 2.0, 5.0])
-    assert fit[1] == fit[2] and 2.0 < fit[1] < 3.0 and fit[0] == 1.0 and fit[3] == 5.0
-    unsorted = fit_monotone([4, 1], [1.0, 2.0])  # 1 token read slower than 4: pooled
-    assert unsorted[0] == unsorted[1] and 1.0 < unsorted[0] < 2.0
+        assert np.all(np.abs(fit / truth - 1) < 0.08), (knee, fit / truth)
+        true_slope, fit_slope = (truth[4] - truth[2]) / 3, (fit[4] - fit[2]) / 3  # T(3) -> T(6)
+        assert fit_slope >= 0.5 * true_slope, (knee, fit_slope, true_slope)
 
 
 def test_cost_model_online_update_moves_toward_measurements():

@@ -1,8 +1,7 @@
 """The speculation cost model and the choice of K per request, as pure functions.
 
 A forward's time is a function of how many tokens it carries: flat while the step is bound by
-reading the weights, then linear once it is bound by compute (the knee), with steps where a
-GEMM kernel's blocking moves (profiler.py: measured at every small count). On top of that comes
+reading the weights, then linear once it is bound by compute (the knee). On top of that comes
 attention over the context, which the token count does not see: every sequence reads its KV
 cache once per step, and every query token computes scores against its whole context. Measured
 on the embedded model (bf16, this CPU), a verification token at a 2.5k-token RAG context costs
@@ -163,41 +162,33 @@ class DraftCostModel(StepCostModel):
         return self.scale * (self.catch_up(num_seqs + extra_tokens) - self.catch_up(num_seqs))
 
 
-def fit_monotone(num_tokens: list[int], seconds: list[float]) -> list[float]:
-    """The non-decreasing curve nearest to the profiled points, least squares in relative error
-    (isotonic regression, pool adjacent violators): more tokens never cost less, a point that
-    read below its left neighbour is pooled with it, and a step in the measured curve stays a
-    step (profiler.py says why a smooth fit must not spread it out). Returned in input order."""
-    order = np.argsort(num_tokens, kind="stable")
-    y = np.asarray(seconds, dtype=np.float64)[order]
-    blocks: list[list[float]] = []  # [mean, weight, count] of each pooled run of points
-    for value, weight in zip(y, 1.0 / np.maximum(y, 1e-12) ** 2, strict=True):
-        blocks.append([value, weight, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            v2, w2, c2 = blocks.pop()
-            v1, w1, c1 = blocks.pop()
-            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
-    fit = np.empty_like(y)
-    fit[order] = np.repeat([b[0] for b in blocks], [int(b[2]) for b in blocks])
-    return fit.tolist()
+def fit_knee_curve(num_tokens: list[int], seconds: list[float]) -> list[float]:
+    """The profile's points replaced by the best fit of a flat-then-linear curve,
 
+        T(n) = a + s1 * min(n, k) + s2 * max(n - k, 0),   s1, s2 >= 0,
 
-def fit_line(num_tokens: list[int], seconds: list[float]) -> list[float]:
-    """The straight line a + s * n (s >= 0) nearest to the points, least squares in relative
-    error: a compute-bound forward's cost past the small counts. Fitted point by point there,
-    the fastest-of-3 noise made local slopes from 0.45 to 0.9 ms per token on one machine, and
-    at the low one the controller drafted at rag c32-c64 where every draft token costs (0.92x
-    `off`, docs/results/2026-12-03-session19)."""
+    with the knee k one of the profiled points, least squares in relative error (the decisions
+    live at small n, where the times are smallest). Fitted at each point separately, one
+    forward's noise left flat stretches: on this CPU one profile read T(3) = T(4) = T(6) where
+    the slope is ~0.4 ms per token, and the controller bought drafts there as if they were free
+    (prose at concurrency 4: 0.93x off)."""
     x = np.asarray(num_tokens, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
-    if len(x) < 2:
-        return y.tolist()
     w = 1.0 / np.maximum(y, 1e-12)
-    a, slope = np.linalg.lstsq(np.stack([np.ones_like(x), x], axis=1) * w[:, None], y * w,
-                               rcond=None)[0]
-    if slope < 0:
-        a, slope = float(np.sum(y * w * w) / np.sum(w * w)), 0.0
-    return (a + slope * x).tolist()
+    best, best_err = y, np.inf
+    for k in x:
+        basis = np.stack([np.ones_like(x), np.minimum(x, k), np.maximum(x - k, 0.0)], axis=1)
+        coef = np.linalg.lstsq(basis * w[:, None], y * w, rcond=None)[0]
+        if coef[1] < 0 or coef[2] < 0:  # a falling segment: refit without it
+            keep = [0] + [j for j in (1, 2) if coef[j] >= 0]
+            coef = np.zeros(3)
+            coef[keep] = np.linalg.lstsq(basis[:, keep] * w[:, None], y * w, rcond=None)[0]
+            coef[1:] = np.maximum(coef[1:], 0.0)
+        fit = basis @ coef
+        err = float(np.sum(((fit - y) * w) ** 2))
+        if err < best_err:
+            best, best_err = fit, err
+    return best.tolist()
 
 
 def expected_emitted(alpha: np.ndarray, k: np.ndarray) -> np.ndarray:

@@ -1,23 +1,11 @@
 """Start-up profile of one forward's time against its number of tokens and its context (for
 the cost model).
 
-The profile must resolve the curve the controller trades on, at every token count where decode
-batches and verifications live. On this machine (bf16, oneDNN, 2-core Zen 4) that curve is a
-staircase, not a smooth knee: 1 to 6 tokens cost the same (~19 ms), the 7th adds ~3.5 ms (17%),
-and from there each token adds ~1 ms (docs/results/2026-12-03-session19/shape_slope.py: 60
-shuffled forwards per shape, the same for S sequences x q tokens as for S x q sequences). A GEMM
-kernel's register blocking makes such steps, and where they fall depends on the CPU, the library
-and, on a GPU, the tile sizes: so every count from 1 to DENSE_MAX is measured, never inferred.
-Timing noise on a shared machine is +-10% per forward, larger than a step's neighbours differ,
-so the dense points are timed in DENSE_ROUNDS interleaved rounds (a slow spell hits every point
-once, not one point's runs) and each keeps its fastest; the curve is then the monotone fit
-nearest to them (isotonic regression), which keeps a step where a smooth fit spread it out.
-Past DENSE_MAX a forward is compute-bound and the larger counts (fastest of a few runs each)
-are fitted by one line: point by point their noise made local slopes that halved a token's
-price (cost_model.fit_line).
-Spread out by the flat-then-linear fit used before, the step made tokens 2-6 look costly and the
-7th cheap: the controller left the free drafts at concurrency 2 unused (trained draft, json:
-0.86x static K = 2) and bought the dear ones at concurrency 4 (n-gram, prose: 0.91x off).
+The profile must resolve the slope the controller trades on: on this machine the embedded model
+is compute-bound from about 4 tokens (+0.55 ms per token), and a sparse profile (1, 4, 16, ...)
+with one timing per point read it as nearly flat between 4 and 16 — the controller then bought
+drafts that cost 4x what it believed. So: dense points where decode batches live, a warm-up
+run and `repeats` timed runs per point, the fastest kept.
 
 The context terms come from four more shapes: S sequences x 1 and x Q tokens, each at the
 short profile context and at a long one. Lengthening the context adds S * dctx * (kv + attn)
@@ -33,16 +21,9 @@ from types import SimpleNamespace
 import torch
 
 from specserve.engine.model_runner import ModelRunner
-from specserve.spec_decode.cost_model import (
-    DraftCostModel,
-    StepCostModel,
-    fit_line,
-    fit_monotone,
-)
+from specserve.spec_decode.cost_model import DraftCostModel, StepCostModel, fit_knee_curve
 
-DENSE_MAX = 16  # every token count up to this is profiled on its own
-DENSE_ROUNDS = 5
-PROFILE_POINTS = (*range(1, DENSE_MAX + 1), 24, 32, 48, 64, 96, 128, 192, 256)
+PROFILE_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # Timed runs of one point stop early once they add up to this: a forward that long averages the
 # noise out by itself, and on a slow CPU (an fp32 256-token forward takes ~0.7 s on a 2-core
 # Zen 3) three of each large point made the profile take 16 s.
@@ -79,23 +60,6 @@ def _fastest(runner: ModelRunner, shape: list[tuple[SimpleNamespace, int]],
     return min(runs)
 
 
-def _interleaved_fastest(runner: ModelRunner, shapes: list[list[tuple[SimpleNamespace, int]]],
-                         rounds: int) -> list[float]:
-    """The fastest of `rounds` timed forwards of each shape, one forward per shape per round
-    (ascending, then descending): a slow spell of the machine costs every shape one run rather
-    than all the runs of one shape, which a flat stretch or a false step would come from."""
-    prepared = [(runner.prepare(shape), torch.arange(sum(q for _, q in shape))) for shape in shapes]
-    for inputs, rows in prepared:
-        runner.execute(inputs, rows)  # warms up the allocator and caches
-    best = [float("inf")] * len(shapes)
-    for r in range(rounds):
-        for i in (range(len(shapes)) if r % 2 == 0 else reversed(range(len(shapes)))):
-            t0 = time.perf_counter()
-            runner.execute(*prepared[i])
-            best[i] = min(best[i], time.perf_counter() - t0)
-    return best
-
-
 def _context_limit(runner: ModelRunner) -> int:
     """The pool must hold one sequence's blocks and the model its positions."""
     return min(runner.num_blocks * runner.block_size, runner.cfg.max_position)
@@ -105,9 +69,8 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
                     context: int = 96, long_context: int = 1024,
                     repeats: int = 3) -> StepCostModel:
     """Time decode-shaped forwards of n sequences x 1 token (n in points) at a fixed context,
-    with logits for every token (as a verification step needs): counts up to DENSE_MAX in
-    DENSE_ROUNDS interleaved rounds, larger ones the fastest of up to `repeats` runs each. Then
-    the context shapes (module docstring)."""
+    with logits for every token (as a verification step needs); the fastest of up to `repeats`
+    runs per point. Then the context shapes (module docstring)."""
     def fastest(shape: list[tuple[SimpleNamespace, int]]) -> float:
         return _fastest(runner, shape, torch.arange(sum(q for _, q in shape)), repeats)
 
@@ -123,13 +86,9 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
     # that idle low would otherwise inflate the first points and flatten the whole curve.
     runner.execute(runner.prepare([(seq(i, context), 1) for i in range(max(points))]),
                    torch.arange(max(points)))
-    dense = [n for n in points if n <= DENSE_MAX]
-    times = _interleaved_fastest(runner, [[(seq(i, context), 1) for i in range(n)] for n in dense],
-                                 DENSE_ROUNDS)
-    # Larger counts ascending, each point's runs back to back: a forward right after a much
-    # bigger one runs ~20% slow.
-    times += [fastest([(seq(i, context), 1) for i in range(n)]) for n in points if n > DENSE_MAX]
-    points = tuple(dense) + tuple(n for n in points if n > DENSE_MAX)
+    # Ascending, each point's runs back to back: a forward right after a much bigger one runs
+    # ~20% slow.
+    times = [fastest([(seq(i, context), 1) for i in range(n)]) for n in points]
     kv_read_s = attention_s = 0.0
     extra = long_context - context
     if extra >= 4 * bs:
@@ -140,13 +99,7 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
               - fastest([(seq(i, context, q), q) for i in range(s)])) / (s * extra)
         attention_s = max((dq - d1) / (q - 1), 0.0)
         kv_read_s = max(d1 - attention_s, 0.0)
-    # The small counts keep their steps; past them the forward is compute-bound and one line
-    # (through DENSE_MAX and up) replaces points whose local slopes are mostly noise.
-    k = len(dense)
-    fitted = fit_monotone(list(dense), times[:k])
-    tail = max(k - 1, 0)  # the line starts at the last small count, which keeps its own value
-    fitted += fit_line(list(points[tail:]), times[tail:])[k - tail:]
-    return StepCostModel(list(points), fitted,
+    return StepCostModel(list(points), fit_knee_curve(list(points), times),
                          kv_read_s=kv_read_s, attention_s=attention_s, base_context=context)
 
 
@@ -159,4 +112,4 @@ def profile_draft(runner: ModelRunner, catch_up_points: tuple[int, ...] = CATCH_
     points = [n for n in catch_up_points if n <= _context_limit(runner)]
     times = [_fastest(runner, [(_fake_seq(runner, 0, n, n), n)], torch.tensor([n - 1]), repeats)
              for n in points]
-    return DraftCostModel(step, StepCostModel(points, fit_monotone(points, times)))
+    return DraftCostModel(step, StepCostModel(points, fit_knee_curve(points, times)))
