@@ -306,7 +306,7 @@ def cmd_online(args: argparse.Namespace) -> None:
             for side, results in runs.items():
                 if results:
                     row[side] = median_run(results)
-                    row[f"{side}_tok_s_runs"] = [x["output_tok_s"] for x in results]
+                    row[f"{side}_tok_s_runs"] = row[side]["output_tok_s_runs"]
             if runs["offline"]:
                 row["online_offline_ratio"] = paired_ratio(row["online_tok_s_runs"],
                                                            row["offline_tok_s_runs"])
