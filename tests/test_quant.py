@@ -285,3 +285,59 @@ def test_int8_lm_head_paths_agree():
     ref = x.float() @ w.T
     assert rel(many, ref) < 0.015 and rel(few, ref) < 0.015
     assert head.weight.dtype == torch.int8 and head.weight_nbytes < w.numel() * 4
+
+
+# ---- GPTQ (quant/gptq.py) ------------------------------------------------------------------------
+def _correlated_inputs(rows: int, dim: int, seed: int) -> torch.Tensor:
+    """Activations like a decoder's: correlated features (one mixing for every seed, so that
+    different seeds are samples of the same distribution) and a few large channels."""
+    mixing = torch.randn(dim // 4, dim, generator=torch.Generator().manual_seed(dim))
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, dim // 4, generator=g) @ mixing
+    x[:, :3] *= 20
+    return x + 0.1 * torch.randn(rows, dim, generator=g)
+
+
+def test_gptq_int4_preserves_layer_outputs_better_than_rounding():
+    from specserve.quant.gptq import gptq_int4
+    from specserve.quant.int4 import Int4Linear, quantize_int4
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(48, 128, generator=g)
+    x_cal, x_test = _correlated_inputs(2048, 128, 1), _correlated_inputs(512, 128, 2)
+    q, scales, zeros = gptq_int4(w, x_cal.T @ x_cal / len(x_cal), group_size=32)
+    assert q.dtype == torch.uint8 and int(q.max()) <= 15
+    assert scales.shape == zeros.shape == (48, 4)
+    rtn = dequantize_int4(*quantize_int4(w, 32), 32)
+    gptq = dequantize_int4(q, scales, zeros, 32)
+    err_rtn = (x_test @ (w - rtn).T).norm()
+    err_gptq = (x_test @ (w - gptq).T).norm()
+    assert err_gptq < 0.7 * err_rtn  # on held-out inputs, not only the calibration set
+    # The integers run through the same kernel contract: exact with fp32 compute.
+    lin = Int4Linear(q, scales.float(), zeros.float(), 32, compute_dtype=torch.float32)
+    torch.testing.assert_close(lin(x_test), x_test @ gptq.T, atol=1e-3, rtol=1e-4)
+
+
+def test_gptq_ignores_inputs_that_never_fire():
+    from specserve.quant.gptq import gptq_int4
+
+    x = _correlated_inputs(256, 64, 3)
+    x[:, 5] = 0  # a dead input: H has a zero row and column
+    q, scales, zeros = gptq_int4(torch.randn(16, 64), x.T @ x, group_size=32)
+    assert torch.isfinite(scales.float()).all() and torch.isfinite(zeros.float()).all()
+
+
+def test_hessian_collector_sums_inputs_over_calls():
+    from specserve.quant.gptq import HessianCollector
+
+    model = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    col = HessianCollector(model, ["0", "2"])
+    xs = [torch.randn(5, 8), torch.randn(3, 8)]
+    for x in xs:
+        model(x)
+    col.remove()
+    both = torch.cat(xs)
+    torch.testing.assert_close(col.hessians["0"].float(), both.T @ both)
+    assert col.num_rows == {"0": 8, "2": 8}
+    model(torch.randn(2, 8))  # hooks removed: nothing more accumulates
+    assert col.num_rows["0"] == 8

@@ -155,6 +155,37 @@ def test_trained_draft_is_lossless_in_a_mixed_batch(trained):
                for o in outs)
 
 
+def test_int4_draft_is_calibrated_on_its_training_data_and_lossless(trained):
+    """A saved draft carries a sample of its training sequences; served with int4 weights it
+    is quantized by GPTQ on them (not rounded to nearest), and stays lossless."""
+    from specserve.quant.int4 import Int4Linear, quantize_int4
+
+    target, outcome = trained
+    meta = json.loads((outcome.path / "config.json").read_text())["specserve_draft"]
+    calibration = json.loads((outcome.path / meta["calibration_file"]).read_text())
+    # Whole training sequences (a prompt and a reply), none from a held-out prompt.
+    prompts = [it.token_ids for it in _items(48, seed=0)]
+    held_out = [it.token_ids[:it.start + 1] for it in outcome.result.held_out]
+    assert calibration and all(
+        any(c[:len(p)] == p and len(c) > len(p) for p in prompts)
+        and not any(c[:len(h)] == h for h in held_out) for c in calibration)
+    prompts, params = _mixed_batch()
+    ref = LLM(str(target), dtype="float32", kv_cache_memory=16 << 20).generate(prompts, params)
+    spec = LLM(str(target), dtype="float32", kv_cache_memory=16 << 20,
+               speculation_policy="static",
+               speculative_config={"method": "draft", "model": str(outcome.path),
+                                   "num_speculative_tokens": 3, "quantization": "int4"})
+    outs = spec.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
+    assert spec.get_stats()["num_draft_tokens"] > 0
+    down = spec.engine.proposer.model.layers[0].mlp.down_proj
+    assert isinstance(down, Int4Linear)
+    saved = load_file(str(outcome.path / "model.safetensors"))
+    rounded = Int4Linear(*quantize_int4(saved["model.layers.0.mlp.down_proj.weight"], 32), 32,
+                         compute_dtype=down.compute_dtype)
+    assert not torch.equal(down.weight, rounded.weight)  # other integers than rounding's
+
+
 def test_reduced_head_probabilities_are_zero_outside_the_head():
     head_ids = torch.tensor([1, 5, 9])
     probs = torch.tensor([[0.2, 0.3, 0.5], [1.0, 0.0, 0.0]])

@@ -39,6 +39,8 @@ class LoadedModel:
     # only part of the vocabulary, and whether embed_tokens is the target's, passed in.
     head_token_ids: list[int] | None = None
     shares_embedding: bool = False
+    # Token id sequences the draft was trained on (a sample), for calibrated int4 (quant/gptq.py).
+    calibration: list[list[int]] | None = None
 
 
 def embedded_model_path() -> str:
@@ -264,5 +266,8 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
     head_ids = None
     if draft is not None and draft.get("head_vocab_ids_file"):
         head_ids = json.loads((path / draft["head_vocab_ids_file"]).read_text())
+    calibration = None
+    if draft is not None and draft.get("calibration_file"):
+        calibration = json.loads((path / draft["calibration_file"]).read_text())
     return LoadedModel(cfg, sd, tok, path.name, str(path), head_token_ids=head_ids,
-                       shares_embedding=draft is not None)
+                       shares_embedding=draft is not None, calibration=calibration)

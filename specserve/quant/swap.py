@@ -16,6 +16,7 @@ from torch import nn
 from specserve.layers.linear import PackedLinear
 from specserve.quant.fp8 import Fp8Linear
 from specserve.quant.gguf_q4 import BLOCK_BYTES, QK, GGUFQ4Linear, concat_raw
+from specserve.quant.gptq import gptq_quantize_model
 from specserve.quant.int4 import Int4Linear
 from specserve.quant.int8 import Int8Linear
 from specserve.quant.lm_head import Int8LMHead
@@ -106,16 +107,20 @@ INT8_HEAD_METHODS = ("int8", "int4")
 
 
 def apply_quantization(model: nn.Module, method: str | None,
-                       raw_quantized: Mapping[str, tuple[np.ndarray, str]] | None = None
-                       ) -> nn.Module:
+                       raw_quantized: Mapping[str, tuple[np.ndarray, str]] | None = None,
+                       calibration: Sequence[Sequence[int]] | None = None) -> nn.Module:
     """The engine's entry point: `method` None leaves the model as is; "gguf" runs the GGUF's
-    own Q4_1 rows (the embedded model) without requantizing; the rest quantize in place."""
+    own Q4_1 rows (the embedded model) without requantizing; the rest quantize in place.
+    calibration: token id sequences; with them "int4" picks its integers by GPTQ
+    (quant/gptq.py) instead of rounding to nearest."""
     if method is None:
         return model
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"unknown quantization {method!r}; choose one of {QUANTIZATION_METHODS}")
     device = next(model.parameters()).device
-    if method != "gguf":
+    if method == "int4" and calibration:
+        gptq_quantize_model(model, calibration)
+    elif method != "gguf":
         quantize_model(model, method)
     else:
         rows = {name: raw for name, (raw, qtype) in (raw_quantized or {}).items()

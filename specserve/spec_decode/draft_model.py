@@ -17,6 +17,7 @@ A draft trained by `specserve train-draft` shares the target's embedding (passed
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 
 import torch
@@ -31,6 +32,8 @@ from specserve.spec_decode.config import SpeculativeConfig
 from specserve.spec_decode.draft_head import draft_tokens, reduced_head
 from specserve.spec_decode.model_proposer import ModelProposer, ProposerSeq, stack_probs
 from specserve.spec_decode.proposer import Proposal
+
+logger = logging.getLogger(__name__)
 
 
 class DraftSeq(ProposerSeq):
@@ -88,7 +91,11 @@ class DraftModelProposer(ModelProposer):
         raw = loaded.raw_quantized
         if spec.draft_layers is not None:
             raw = {k: v for k, v in raw.items() if int(k.split(".")[1]) < spec.draft_layers}
-        apply_quantization(self.model, spec.quantization, raw)
+        if spec.quantization == "int4" and not loaded.calibration:
+            logger.warning("int4 draft without calibration data (a draft directory from "
+                           "`specserve train-draft` has it): rounding to nearest, which can "
+                           "cost a small draft most of its acceptance")
+        apply_quantization(self.model, spec.quantization, raw, calibration=loaded.calibration)
         self.weight_bytes = model_nbytes(self.model) + pack_linears(self.model) - shared
         self.dtype = dtype
         self.block_size = block_size

@@ -21,12 +21,13 @@ from specserve.train.distill import DistillConfig, DistillResult, distill
 from specserve.train.eagle import EagleConfig, EagleResult, agreement, eagle_report, train_eagle
 from specserve.train.loop import autocast
 from specserve.train.report import acceptance_report, format_report
-from specserve.train.save import save_draft
+from specserve.train.save import calibration_sample, save_draft
 
 # Bumped, per method, when the training recipe changes enough that cached drafts should be
 # retrained: 2 = several replies per training prompt, bf16 teacher and autocast (session 3);
-# eagle 3 = fused layer features and a short training context (session 11).
-RECIPE = {"draft": 2, "eagle": 3}
+# eagle 3 = fused layer features and a short training context (session 11); draft 3 = a sample
+# of the training sequences saved for int4 calibration (session 20).
+RECIPE = {"draft": 3, "eagle": 3}
 
 
 @dataclass(slots=True)
@@ -111,7 +112,7 @@ def train_draft(target: str | None, items: Sequence[PromptItem], out: str | Path
     report = _report("draft", loaded, cfg, data_cfg, data, result, result.draft.head_size,
                      acceptance, source, t0)
     path = save_draft(out, result.draft, loaded.name, model.embed_tokens.weight,
-                      loaded.tokenizer, report)
+                      loaded.tokenizer, report, calibration_sample(data.train, cfg.seed))
     return TrainOutcome(path, result, acceptance, report)
 
 
