@@ -9,7 +9,8 @@ reconstruction loss ||X W^T - X Q^T||^2 (H = X^T X over calibration inputs), so 
 *outputs* on real activations move as little as possible.
 
 The result is the same (q, scales, zeros) triple as `quantize_int4`, so it runs through the same
-Int4Linear kernels; only the choice of integers differs.
+Int4Linear kernels; only the choice of integers differs (quant/swap.py's quantize_model picks
+GPTQ for int4 when it is given calibration data).
 """
 
 from __future__ import annotations
@@ -19,16 +20,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from specserve.quant.int4 import GROUP_SIZES, Int4Linear
-
-
-def _group_params(w: torch.Tensor, scale_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Asymmetric min/max scale and zero of the columns w [out, g], rounded to scale_dtype
-    (as quantize_int4 stores them), returned in fp32."""
-    wmin, wmax = w.amin(-1), w.amax(-1)
-    scale = ((wmax - wmin).clamp(min=1e-6) / 15).to(scale_dtype)
-    zero = (wmin + 8 * scale.float()).to(scale_dtype)
-    return scale.float(), zero.float()
+from specserve.quant.int4 import GROUP_SIZES, group_scale_zero
 
 
 def gptq_int4(w: torch.Tensor, hessian: torch.Tensor, group_size: int = 32,
@@ -44,18 +36,18 @@ def gptq_int4(w: torch.Tensor, hessian: torch.Tensor, group_size: int = 32,
         raise ValueError(f"group_size must be in {GROUP_SIZES} and divide in_features={in_f} "
                          f"and block_size={block_size}, got {group_size}")
     w = w.detach().float().clone()
-    h = hessian.detach().double().clone()
+    h = hessian.detach().to(w.device, torch.float64)  # a copy: damped in place below
     dead = torch.diag(h) == 0  # inputs that never fire: nothing to preserve there
     h[dead, dead] = 1.0
     w[:, dead] = 0.0
-    h += damp * torch.diag(h).mean() * torch.eye(in_f, dtype=h.dtype)
+    h += damp * torch.diag(h).mean() * torch.eye(in_f, dtype=h.dtype, device=h.device)
     # Upper Cholesky factor of H^-1: row i holds how column i's error spreads to columns > i.
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     hinv = hinv.float()
-    q = torch.empty(out_f, in_f, dtype=torch.uint8)
+    q = torch.empty(out_f, in_f, dtype=torch.uint8, device=w.device)
     num_groups = in_f // group_size
-    scales = torch.empty(out_f, num_groups)
-    zeros = torch.empty(out_f, num_groups)
+    scales = torch.empty(out_f, num_groups, dtype=scale_dtype, device=w.device)
+    zeros = torch.empty(out_f, num_groups, dtype=scale_dtype, device=w.device)
     for b0 in range(0, in_f, block_size):
         b1 = min(b0 + block_size, in_f)
         wb = w[:, b0:b1].clone()
@@ -65,8 +57,9 @@ def gptq_int4(w: torch.Tensor, hessian: torch.Tensor, group_size: int = 32,
             col = b0 + i
             if col % group_size == 0:
                 g = col // group_size
-                scale, zero = _group_params(wb[:, i:i + group_size], scale_dtype)
+                scale, zero = group_scale_zero(wb[:, i:i + group_size], scale_dtype)
                 scales[:, g], zeros[:, g] = scale, zero
+                scale, zero = scale.float(), zero.float()
             x = wb[:, i]
             qi = (torch.round((x - zero) / scale) + 8).clamp_(0, 15)
             q[:, col] = qi.to(torch.uint8)
@@ -74,7 +67,7 @@ def gptq_int4(w: torch.Tensor, hessian: torch.Tensor, group_size: int = 32,
             wb[:, i:] -= err[:, None] * hb[i, i:][None, :]
             errs[:, i] = err
         w[:, b1:] -= errs @ hinv[b0:b1, b1:]
-    return q, scales.to(scale_dtype), zeros.to(scale_dtype)
+    return q, scales, zeros
 
 
 class HessianCollector:
@@ -107,33 +100,23 @@ class HessianCollector:
 MAX_CALIBRATION_LEN = 2048
 
 
-def gptq_quantize_model(model: nn.Module, calibration: Sequence[Sequence[int]],
-                        group_size: int = 32) -> nn.Module:
-    """Replace every decoder nn.Linear of a LlamaModel (not the LM head) by an Int4Linear whose
-    integers GPTQ chose, from the inputs those linears see on `calibration` (token id
-    sequences, run through the unquantized model). Every layer is calibrated on the original
-    model's activations in one pass; for the few layers of a draft that recovers its served
-    acceptance (docs/performance.md), so the sequential variant is not needed."""
+def calibration_hessians(model: nn.Module, names: Sequence[str],
+                        calibration: Sequence[Sequence[int]]) -> dict[str, torch.Tensor]:
+    """The mean X^T X of the inputs each named linear of a LlamaModel sees while `calibration`
+    (token id sequences) runs through the model as it stands, unquantized. Every layer is
+    calibrated on the original model's activations in one pass: for the few layers of a draft
+    that recovers its served acceptance (docs/performance.md), so GPTQ's sequential variant
+    (each layer calibrated behind the already quantized ones) is not needed."""
     from specserve.train.dense_forward import dense_hidden  # plain forward, no KV pool needed
 
-    names = [n for n, m in model.named_modules()
-             if type(m) is nn.Linear and not n.endswith("lm_head")]
     collector = HessianCollector(model, names)
     device = next(model.parameters()).device
     try:
         with torch.inference_mode():
             for ids in calibration:
                 if ids:
-                    dense_hidden(model, torch.tensor([list(ids)[:MAX_CALIBRATION_LEN]],
+                    dense_hidden(model, torch.tensor([list(ids)[-MAX_CALIBRATION_LEN:]],
                                                      device=device))
     finally:
         collector.remove()
-    for name in names:
-        lin = model.get_submodule(name)
-        q, scales, zeros = gptq_int4(lin.weight.cpu(), collector.hessians[name].cpu()
-                                     / collector.num_rows[name], group_size)
-        parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent), attr,
-                Int4Linear(q.to(device), scales.to(device), zeros.to(device), group_size,
-                           lin.bias))
-    return model
+    return {n: collector.hessians[n] / collector.num_rows[n] for n in names}

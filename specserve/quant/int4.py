@@ -28,6 +28,15 @@ from torch import nn
 GROUP_SIZES = (32, 64, 128, 256)
 
 
+def group_scale_zero(wg: torch.Tensor, scale_dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric min/max scale and zero of each group along wg's last dim, in scale_dtype
+    (what is stored; integers are rounded against these stored values)."""
+    wmin, wmax = wg.amin(-1), wg.amax(-1)
+    scales = ((wmax - wmin).clamp(min=1e-6) / 15).to(scale_dtype)
+    return scales, (wmin + 8 * scales.float()).to(scale_dtype)
+
+
 def quantize_int4(
     w: torch.Tensor, group_size: int = 32, scale_dtype: torch.dtype = torch.bfloat16
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -42,9 +51,7 @@ def quantize_int4(
             f"group_size must be in {GROUP_SIZES} and divide in_features={in_f}, got {group_size}"
         )
     wg = w.detach().float().reshape(out_f, in_f // group_size, group_size)  # [out, G, g]
-    wmin, wmax = wg.amin(-1), wg.amax(-1)  # [out, G]
-    scales = ((wmax - wmin).clamp(min=1e-6) / 15).to(scale_dtype)
-    zeros = (wmin + 8 * scales.float()).to(scale_dtype)
+    scales, zeros = group_scale_zero(wg, scale_dtype)  # [out, G]
     q = torch.round((wg - zeros.float()[..., None]) / scales.float()[..., None]) + 8
     return q.clamp_(0, 15).to(torch.uint8).reshape(out_f, in_f), scales, zeros
 

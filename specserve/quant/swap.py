@@ -16,7 +16,7 @@ from torch import nn
 from specserve.layers.linear import PackedLinear
 from specserve.quant.fp8 import Fp8Linear
 from specserve.quant.gguf_q4 import BLOCK_BYTES, QK, GGUFQ4Linear, concat_raw
-from specserve.quant.gptq import gptq_quantize_model
+from specserve.quant.gptq import calibration_hessians, gptq_int4
 from specserve.quant.int4 import Int4Linear
 from specserve.quant.int8 import Int8Linear
 from specserve.quant.lm_head import Int8LMHead
@@ -41,17 +41,25 @@ def quantize_model(
     *,
     group_size: int = 32,
     skip: Sequence[str] = ("lm_head",),
+    calibration: Sequence[Sequence[int]] | None = None,
 ) -> nn.Module:
-    """Replace each ``nn.Linear`` not in `skip` by its `method`-quantized version; returns model."""
+    """Replace each ``nn.Linear`` not in `skip` by its `method`-quantized version; returns model.
+    calibration: token id sequences; with them int4 picks its integers by GPTQ (quant/gptq.py)
+    from the inputs each linear sees on them, instead of rounding to nearest."""
     if method not in METHODS:
         raise ValueError(f"unknown quantization method {method!r}; valid: {', '.join(METHODS)}")
     targets = [
         (n, m) for n, m in model.named_modules() if type(m) is nn.Linear and not _skipped(n, skip)
     ]
+    hessians = (calibration_hessians(model, [n for n, _ in targets], calibration)
+                if method == "int4" and calibration else None)
     for name, lin in targets:
         with torch.no_grad():
             if method == "int8":
                 new: nn.Module = Int8Linear.from_linear(lin)
+            elif method == "int4" and hessians is not None:
+                new = Int4Linear(*gptq_int4(lin.weight, hessians[name], group_size), group_size,
+                                 lin.bias)
             elif method == "int4":
                 new = Int4Linear.from_linear(lin, group_size)
             else:
@@ -118,10 +126,8 @@ def apply_quantization(model: nn.Module, method: str | None,
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"unknown quantization {method!r}; choose one of {QUANTIZATION_METHODS}")
     device = next(model.parameters()).device
-    if method == "int4" and calibration:
-        gptq_quantize_model(model, calibration)
-    elif method != "gguf":
-        quantize_model(model, method)
+    if method != "gguf":
+        quantize_model(model, method, calibration=calibration)
     else:
         rows = {name: raw for name, (raw, qtype) in (raw_quantized or {}).items()
                 if qtype == "Q4_1"}

@@ -57,14 +57,15 @@ def calibration_sample(samples: Sequence[Sample], seed: int,
     while any(queues) and total < max_tokens:
         for q in queues:
             if q and total < max_tokens:
-                ids = q.pop()
-                ids = list(ids.token_ids[-MAX_CALIBRATION_LEN:])
+                # The tail, as the calibration forward would cut it: the reply is kept.
+                ids = q.pop().token_ids[-MAX_CALIBRATION_LEN:]
                 out.append(ids)
                 total += len(ids)
     return out
 
 
-def draft_config(draft: DraftNet, target_name: str, target_embedding: torch.Tensor) -> dict:
+def draft_config(draft: DraftNet, target_name: str, target_embedding: torch.Tensor,
+                 calibrated: bool = False) -> dict:
     c = draft.cfg
     return {
         "architectures": ["LlamaForCausalLM"],
@@ -89,7 +90,7 @@ def draft_config(draft: DraftNet, target_name: str, target_embedding: torch.Tens
             "hidden_size": c.hidden_size,
             "head_vocab_ids_file": None if draft.head_ids is None else HEAD_IDS_FILE,
             "head_vocab_size": draft.head_size,
-            "calibration_file": CALIBRATION_FILE,
+            "calibration_file": CALIBRATION_FILE if calibrated else None,
             "shares_target_embedding": True,
             "target_embedding_probe": embedding_probe(target_embedding),
         },
@@ -123,11 +124,10 @@ def save_draft(out_dir: str | Path, draft: DraftNet, target_name: str,
                calibration: list[list[int]] | None = None) -> Path:
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    config = draft_config(draft, target_name, target_embedding)
+    config = draft_config(draft, target_name, target_embedding, calibrated=bool(calibration))
     if calibration:
         (out / CALIBRATION_FILE).write_text(json.dumps(calibration) + "\n")
     else:
-        config["specserve_draft"]["calibration_file"] = None
         (out / CALIBRATION_FILE).unlink(missing_ok=True)  # a stale file from an earlier run
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(draft_tensors(draft), str(out / "model.safetensors"))

@@ -14,13 +14,18 @@ DRAFT = os.path.expanduser(sys.argv[1])
 workloads = sys.argv[2].split(",") if len(sys.argv) > 2 else ["prose", "json", "sql", "rag"]
 variants = (sys.argv[3].split(",") if len(sys.argv) > 3
             else ["none", "int8", "int4-rtn", "int4-gptq"])
-gptq = swap.gptq_quantize_model
+quantize_model = swap.quantize_model
+
+
+def round_to_nearest(model, method, **kw):  # drop the calibration: int4 rounds to nearest
+    return quantize_model(model, method)
+
+
 for v in variants:
     cfg = proposer_config("draft", 2, draft_model=DRAFT)
     if v != "none":
         cfg["quantization"] = v.split("-")[0]
-    swap.gptq_quantize_model = (gptq if v != "int4-rtn"
-                                else lambda model, calibration: swap.quantize_model(model, "int4"))
+    swap.quantize_model = round_to_nearest if v == "int4-rtn" else quantize_model
     swap.INT8_HEAD_METHODS = ("int8",) if v.endswith("bf16head") else ("int8", "int4")
     t0 = time.perf_counter()
     llm = build_llm(None, {"speculative_config": cfg, "speculation_policy": "static",
