@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -314,6 +315,51 @@ def test_isolated_runs_forward_progress_results_and_errors():
     assert seen == [("squaring", 1)]
     with pytest.raises(RuntimeError, match="ValueError: boom in the child"):
         run_isolated(_fail, (), lambda desc, n: None)
+
+
+def _report_pid_and_wait(progress) -> None:
+    import os
+    import time
+
+    progress(str(os.getpid()), 1)
+    time.sleep(600)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_a_killed_lab_takes_its_worker_with_it():
+    """SIGKILL runs no `finally` in the lab: its worker must notice and exit on its own."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_bench_lab import _report_pid_and_wait\n"
+        "from specserve.bench.isolate import run_isolated\n"
+        "if __name__ == '__main__':\n"
+        "    run_isolated(_report_pid_and_wait, (), lambda d, n: print(d, flush=True))\n"
+    )
+    lab = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(lab.stdout.readline())
+        assert _alive(worker)
+    finally:
+        lab.send_signal(signal.SIGKILL)
+        lab.wait()
+    deadline = time.monotonic() + 60  # a liveness bound, not a speed check
+    while _alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker)
 
 
 def test_repetitions_rebuild_every_strategy_in_rotated_order(monkeypatch):

@@ -63,6 +63,29 @@ def test_loop_matches_the_model_bit_for_bit(tiny, kwargs):
         assert torch.equal(gk, wk) and torch.equal(gv, wv)
 
 
+def test_loop_runs_int4_twins_as_the_module_does(tiny, monkeypatch):
+    """An int4 linear with a bf16 twin (what an int4 draft builds) runs the twin past
+    INT4_KERNEL_MAX_ROWS rows, in the loop exactly as in Python; the step has 5 rows."""
+    import functools
+
+    from specserve.engine import llm_engine
+    from specserve.hardware import cpu_has_bf16_gemm
+    from specserve.quant.int4 import INT4_KERNEL_MAX_ROWS, Int4Linear
+    from specserve.quant.swap import apply_quantization
+
+    if not cpu_has_bf16_gemm():
+        pytest.skip("twins are built only where bf16 GEMMs are native")
+    monkeypatch.setattr(llm_engine, "apply_quantization",
+                        functools.partial(apply_quantization, draft=True))
+    llm = LLM(tiny, kv_cache_memory=8 << 20, quantization="int4")
+    qkv = llm.engine.model.layers[0].attn.qkv_proj
+    assert isinstance(qkv, Int4Linear) and qkv.twin is not None and INT4_KERNEL_MAX_ROWS < 5
+    want, got, want_pools, got_pools = _step_both_ways(llm)
+    assert torch.equal(got, want)
+    for (wk, wv), (gk, gv) in zip(want_pools, got_pools, strict=True):
+        assert torch.equal(gk, wk) and torch.equal(gv, wv)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_loop_returns_the_streams_an_eagle_head_fuses(tiny, dtype):
     """The residual streams after the asked layers (a fused-feature head's inputs), exactly as

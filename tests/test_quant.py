@@ -287,6 +287,29 @@ def test_int8_lm_head_paths_agree():
     assert head.weight.dtype == torch.int8 and head.weight_nbytes < w.numel() * 4
 
 
+def test_int4_dense_twin_paths_agree():
+    """A twin layer runs the int4 kernel up to INT4_KERNEL_MAX_ROWS rows and the packed bf16
+    image of the same integers beyond: the two agree to bf16 rounding."""
+    from specserve.hardware import cpu_has_bf16_gemm
+    from specserve.quant.int4 import INT4_KERNEL_MAX_ROWS
+
+    if not cpu_has_bf16_gemm():
+        pytest.skip("twins are built only where bf16 GEMMs are native")
+    torch.manual_seed(0)
+    lin = nn.Linear(128, 96, bias=False)
+    layer = Int4Linear.from_linear(lin, 32, dense_twin=True)
+    assert layer.twin is not None and Int4Linear.from_linear(lin, 32).twin is None
+    x = torch.randn(INT4_KERNEL_MAX_ROWS + 6, 128, dtype=torch.bfloat16)
+    many = layer(x).float()  # the twin
+    few = torch.cat([layer(x[i:i + 1]) for i in range(len(x))]).float()  # the int4 kernel
+    torch.testing.assert_close(few, many, rtol=2**-7, atol=2e-2)
+    plain = Int4Linear.from_linear(lin, 32)
+    torch.testing.assert_close(plain(x).float(), many, rtol=2**-7, atol=2e-2)
+    # the twin is a submodule: counted once by the module walk, not by weight_nbytes
+    assert layer.weight_nbytes == plain.weight_nbytes
+    assert linear_weight_nbytes(layer) == plain.weight_nbytes + layer.twin.weight_nbytes
+
+
 # ---- GPTQ (quant/gptq.py) ------------------------------------------------------------------------
 def _correlated_inputs(rows: int, dim: int, seed: int) -> torch.Tensor:
     """Activations like a decoder's: correlated features (one mixing for every seed, so that

@@ -11,7 +11,10 @@ than forked (a fork would inherit the parent's heap and torch thread pool).
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.connection
+import os
 import queue
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +22,24 @@ from typing import Any
 Progress = Callable[[str, int], None]
 
 
+def _exit_with_parent() -> None:
+    """End this process as soon as its parent is gone. Why: a lab stopped by SIGTERM or SIGKILL
+    runs no `finally`, so its worker would run on alone, holding a core and slowing whatever
+    the machine measures next (it once failed a timed test)."""
+    parent = mp.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _child(q, fn: Callable, args: tuple) -> None:
+    _exit_with_parent()
+
     def progress(desc: str, n: int) -> None:
         q.put(("progress", desc, n))
 
@@ -55,6 +75,9 @@ def run_isolated(fn: Callable[..., Any], args: tuple, progress: Progress) -> Any
                 return payload[0]
             else:
                 raise RuntimeError(f"the benchmark process failed:\n{payload[0]}")
+    except BaseException:  # e.g. Ctrl-C: stop the worker now rather than wait for it
+        proc.kill()
+        raise
     finally:
         proc.join(timeout=30)
         if proc.is_alive():

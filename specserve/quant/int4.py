@@ -17,6 +17,15 @@ Kernel contract (torch 2.13, read from _meta_registrations.py and checked empiri
 * CUDA (untested here): ``_convert_weight_to_int4pack(uint8 [out, in/2] with q[2j] in the high
   nibble, inner_k_tiles)`` + ``_weight_int4pack_mm`` with bf16 activations and bf16 scales.
 * other devices: nibble-packed storage and a dequantize + ``F.linear`` reference path.
+
+The CPU kernel's cost grows about linearly with rows, the packed bf16 GEMM's hardly at all at
+first: on SmolLM2's shapes (2 threads, Zen 4) int4 wins at 1-2 rows (147 against 190 us for one
+layer's four matmuls at 1 row) and loses from 4 on (at 32 rows 1707 against 710 us;
+docs/results/2026-12-04-session21/int4_rows.txt). A layer built with ``dense_twin=True`` also
+keeps its integers dequantized to bf16 in a oneDNN-packed twin and runs that from
+``INT4_KERNEL_MAX_ROWS + 1`` rows on: int4 speed for decoding one sequence, bf16 speed for a
+batch, for the bytes of both. Worth it where the weights are small and speed is the point (a
+draft model), not where int4 was chosen to save memory.
 """
 
 from __future__ import annotations
@@ -25,7 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.hardware import cpu_has_bf16_gemm
+from specserve.layers.linear import PackedLinear
+
 GROUP_SIZES = (32, 64, 128, 256)
+INT4_KERNEL_MAX_ROWS = 2  # rows up to which a layer with a dense twin still runs the int4 kernel
 
 
 def group_scale_zero(wg: torch.Tensor, scale_dtype: torch.dtype
@@ -85,6 +98,7 @@ class Int4Linear(nn.Module):
         group_size: int,
         bias: torch.Tensor | None = None,
         compute_dtype: torch.dtype = torch.bfloat16,
+        dense_twin: bool = False,
     ):
         super().__init__()
         self.out_features, self.in_features = q.shape
@@ -92,6 +106,12 @@ class Int4Linear(nn.Module):
         self.layout = q.device.type if q.device.type in ("cpu", "cuda") else "ref"
         if self.layout == "cuda" and compute_dtype != torch.bfloat16:
             raise ValueError("the CUDA int4 kernel only takes bf16 activations")
+        # See the module docstring; a bf16 twin only where oneDNN runs bf16 GEMMs natively.
+        self.twin: PackedLinear | None = None
+        if (dense_twin and self.layout == "cpu" and compute_dtype == torch.bfloat16
+                and cpu_has_bf16_gemm() and bias is None):
+            w = dequantize_int4(q, scales, zeros, group_size).to(torch.bfloat16)
+            self.twin = PackedLinear(w, None)
         pad = -self.out_features % 16 if self.layout != "ref" else 0
         if pad:  # rows of q=8, scale=0, zero=0 dequantize to 0; sliced off after the matmul
             q = F.pad(q, (0, 0, 0, pad), value=8)
@@ -111,17 +131,22 @@ class Int4Linear(nn.Module):
         self._direct = self.layout == "cpu" and pad == 0 and bias is None
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, group_size: int = 32) -> Int4Linear:
+    def from_linear(cls, linear: nn.Linear, group_size: int = 32,
+                    dense_twin: bool = False) -> Int4Linear:
         q, s, z = quantize_int4(linear.weight, group_size)
-        return cls(q, s, z, group_size, linear.bias)
+        return cls(q, s, z, group_size, linear.bias, dense_twin=dense_twin)
 
     @property
     def weight_nbytes(self) -> int:
-        """Bytes of packed weights + scales/zeros (bias excluded, as for nn.Linear)."""
+        """Bytes of packed weights + scales/zeros (bias excluded, as for nn.Linear). A twin is a
+        submodule of its own and counts itself."""
         return self.weight.nbytes + self.scales_and_zeros.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x [..., in] -> [..., out], same dtype as x
+        if (self.twin is not None and x.dtype == self.compute_dtype
+                and x.numel() > INT4_KERNEL_MAX_ROWS * self.in_features):
+            return self.twin(x)
         if self._direct and x.dim() == 2 and x.dtype == self.compute_dtype and x.is_contiguous():
             # torch's own binding: a third of torch.ops.aten's call overhead (120 calls a step)
             return torch._weight_int4pack_mm_for_cpu(x, self.weight, self.group_size,
@@ -152,4 +177,5 @@ class Int4Linear(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"group_size={self.group_size}, int4 ({self.layout}, {self.compute_dtype})"
+            + (f", bf16 twin above {INT4_KERNEL_MAX_ROWS} rows" if self.twin is not None else "")
         )

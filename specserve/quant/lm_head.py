@@ -19,7 +19,10 @@ from torch import nn
 from specserve.layers.linear import PackedLinear, can_pack
 from specserve.quant.int8 import SCALE_DTYPE, quantize_int8
 
-SMALL_M = 8  # rows up to which the int8 kernel beats the packed bf16 GEMM (measured: 1 vs 32)
+# Rows up to which the int8 kernel runs (measured on the Zen 5 of session 5: 1 vs 32 rows). On the
+# Zen 4 of sessions 10-21 it is no faster at 1 row and slower from 2 on (docs/results/
+# 2026-12-04-session21/int8_head_rows.txt); 8 keeps decoding and verifying up to K=7 on one path.
+SMALL_M = 8
 
 
 class Int8LMHead(nn.Module):

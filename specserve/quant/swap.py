@@ -42,10 +42,12 @@ def quantize_model(
     group_size: int = 32,
     skip: Sequence[str] = ("lm_head",),
     calibration: Sequence[Sequence[int]] | None = None,
+    dense_twin: bool = False,
 ) -> nn.Module:
     """Replace each ``nn.Linear`` not in `skip` by its `method`-quantized version; returns model.
     calibration: token id sequences; with them int4 picks its integers by GPTQ (quant/gptq.py)
-    from the inputs each linear sees on them, instead of rounding to nearest."""
+    from the inputs each linear sees on them, instead of rounding to nearest.
+    dense_twin: int4 layers also keep a packed bf16 image for many rows (quant/int4.py)."""
     if method not in METHODS:
         raise ValueError(f"unknown quantization method {method!r}; valid: {', '.join(METHODS)}")
     targets = [
@@ -59,9 +61,9 @@ def quantize_model(
                 new: nn.Module = Int8Linear.from_linear(lin)
             elif method == "int4" and hessians is not None:
                 new = Int4Linear(*gptq_int4(lin.weight, hessians[name], group_size), group_size,
-                                 lin.bias)
+                                 lin.bias, dense_twin=dense_twin)
             elif method == "int4":
-                new = Int4Linear.from_linear(lin, group_size)
+                new = Int4Linear.from_linear(lin, group_size, dense_twin=dense_twin)
             else:
                 new = Fp8Linear.from_linear(lin)
         _replace(model, name, new)
@@ -116,18 +118,22 @@ INT8_HEAD_METHODS = ("int8", "int4")
 
 def apply_quantization(model: nn.Module, method: str | None,
                        raw_quantized: Mapping[str, tuple[np.ndarray, str]] | None = None,
-                       calibration: Sequence[Sequence[int]] | None = None) -> nn.Module:
+                       calibration: Sequence[Sequence[int]] | None = None,
+                       draft: bool = False) -> nn.Module:
     """The engine's entry point: `method` None leaves the model as is; "gguf" runs the GGUF's
     own Q4_1 rows (the embedded model) without requantizing; the rest quantize in place.
     calibration: token id sequences; with them "int4" picks its integers by GPTQ
-    (quant/gptq.py) instead of rounding to nearest."""
+    (quant/gptq.py) instead of rounding to nearest.
+    draft: the model is a draft, whose weights are small and whose speed is all it is for: int4
+    layers keep a bf16 twin for many rows (quant/int4.py) and the LM head stays bf16 (the int8
+    head's kernel does not beat it here: quant/lm_head.py)."""
     if method is None:
         return model
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"unknown quantization {method!r}; choose one of {QUANTIZATION_METHODS}")
     device = next(model.parameters()).device
     if method != "gguf":
-        quantize_model(model, method, calibration=calibration)
+        quantize_model(model, method, calibration=calibration, dense_twin=draft)
     else:
         rows = {name: raw for name, (raw, qtype) in (raw_quantized or {}).items()
                 if qtype == "Q4_1"}
@@ -136,7 +142,8 @@ def apply_quantization(model: nn.Module, method: str | None,
                              ".gguf model with Q4_1 tensors (the embedded model has them)")
         replace_with_gguf(model, rows, device=device)
     head = getattr(model, "lm_head", None)
-    if method in INT8_HEAD_METHODS and device.type == "cpu" and type(head) is nn.Linear:
+    if (method in INT8_HEAD_METHODS and device.type == "cpu" and type(head) is nn.Linear
+            and not draft):
         model.lm_head = Int8LMHead(head.weight.detach())  # see quant/lm_head.py
     return model
 

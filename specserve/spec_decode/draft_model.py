@@ -95,7 +95,8 @@ class DraftModelProposer(ModelProposer):
             logger.warning("int4 draft without calibration data (a draft directory from "
                            "`specserve train-draft` has it): rounding to nearest, which can "
                            "cost a small draft most of its acceptance")
-        apply_quantization(self.model, spec.quantization, raw, calibration=loaded.calibration)
+        apply_quantization(self.model, spec.quantization, raw, calibration=loaded.calibration,
+                           draft=True)
         self.weight_bytes = model_nbytes(self.model) + pack_linears(self.model) - shared
         self.dtype = dtype
         self.block_size = block_size

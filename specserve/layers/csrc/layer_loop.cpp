@@ -31,6 +31,9 @@ struct PlanLinear {
   int64_t kind = kDense;
   int64_t group = 0;
   at::Tensor w, aux, bias;  // aux: int4 scales_and_zeros / int8 scales; bias may be undefined
+  // kInt4 only, may be undefined: the oneDNN-packed bf16 image of the same integers, which
+  // beats torch's int4 kernel past a few rows (quant/int4.py); it arrives in the bias slot.
+  at::Tensor twin;
 };
 
 struct PlanLayer {
@@ -42,6 +45,7 @@ struct PlanLayer {
 struct Plan {
   std::vector<PlanLayer> layers;
   int64_t num_heads = 0, kv_format = 0, block_size = 0;
+  int64_t int4_max_rows = 0;  // rows up to which an int4 linear with a twin runs the int4 kernel
   double eps = 0.0, scale = 0.0;
 };
 
@@ -50,7 +54,7 @@ std::vector<std::unique_ptr<Plan>> plans;
 
 at::Tensor optional_tensor(const at::Tensor& t) { return t.numel() ? t : at::Tensor(); }
 
-at::Tensor run_packed(const PlanLinear& l, const at::Tensor& x) {
+at::Tensor run_packed(const at::Tensor& w, const at::Tensor& bias, const at::Tensor& x) {
   // mkldnn::_linear_pointwise(X, W, B?, attr, scalars, algorithm?), boxed: it has no public C++
   // header.
   static const c10::OperatorHandle op =
@@ -58,8 +62,8 @@ at::Tensor run_packed(const PlanLinear& l, const at::Tensor& x) {
   torch::jit::Stack stack;
   stack.reserve(6);
   stack.emplace_back(x);
-  stack.emplace_back(l.w);
-  stack.emplace_back(l.bias.defined() ? c10::IValue(l.bias) : c10::IValue());
+  stack.emplace_back(w);
+  stack.emplace_back(bias.defined() ? c10::IValue(bias) : c10::IValue());
   stack.emplace_back(std::string("none"));
   stack.emplace_back(c10::List<std::optional<c10::Scalar>>());
   stack.emplace_back(std::string(""));
@@ -67,15 +71,16 @@ at::Tensor run_packed(const PlanLinear& l, const at::Tensor& x) {
   return stack[0].toTensor();
 }
 
-at::Tensor run_linear(const PlanLinear& l, const at::Tensor& x) {
+at::Tensor run_linear(const PlanLinear& l, const at::Tensor& x, int64_t int4_max_rows) {
   switch (l.kind) {
     case kPacked:
-      return run_packed(l, x);
+      return run_packed(l.w, l.bias, x);
     case kPackedUpcast:  // aux: the bf16 weight, read directly for a few rows (bf16_gemv.cpp)
       if (l.aux.numel() && x.size(0) <= kBf16LinearMaxRows)
         return bf16_linear_impl(x, l.aux, l.bias.defined() ? l.bias : at::Tensor());
-      return run_packed(l, x.to(at::kFloat)).to(x.scalar_type());
+      return run_packed(l.w, l.bias, x.to(at::kFloat)).to(x.scalar_type());
     case kInt4:
+      if (l.twin.defined() && x.size(0) > int4_max_rows) return run_packed(l.twin, {}, x);
       return at::_weight_int4pack_mm_for_cpu(x, l.w, l.group, l.aux);
     case kInt8:
       return at::_weight_int8pack_mm(x, l.w, l.aux);
@@ -89,10 +94,11 @@ at::Tensor run_linear(const PlanLinear& l, const at::Tensor& x) {
 
 // Per layer, 18 tensors: input norm, post-attention norm, then (w, aux, bias) for qkv, o,
 // gate_up, down, then k_cache, v_cache, k_scale, v_scale (empty tensors where absent); and 8
-// ints: (kind, group) for the four linears. Returns the plan's id.
+// ints: (kind, group) for the four linears. An int4 linear's bias slot holds its packed bf16
+// twin, or is empty. Returns the plan's id.
 int64_t register_layer_plan(std::vector<at::Tensor> tensors, std::vector<int64_t> ints,
                             int64_t num_heads, int64_t kv_format, int64_t block_size, double eps,
-                            double scale) {
+                            double scale, int64_t int4_max_rows) {
   TORCH_CHECK(tensors.size() % 18 == 0 && ints.size() * 18 == tensors.size() * 8,
               "register_layer_plan: 18 tensors and 8 ints per layer");
   auto plan = std::make_unique<Plan>();
@@ -101,6 +107,7 @@ int64_t register_layer_plan(std::vector<at::Tensor> tensors, std::vector<int64_t
   plan->block_size = block_size;
   plan->eps = eps;
   plan->scale = scale;
+  plan->int4_max_rows = int4_max_rows;
   for (size_t i = 0; i < tensors.size() / 18; ++i) {
     const at::Tensor* t = tensors.data() + 18 * i;
     const int64_t* k = ints.data() + 8 * i;
@@ -111,13 +118,12 @@ int64_t register_layer_plan(std::vector<at::Tensor> tensors, std::vector<int64_t
     for (int j = 0; j < 4; ++j) {
       lins[j]->w = t[2 + 3 * j];
       lins[j]->aux = t[3 + 3 * j];
-      lins[j]->bias = optional_tensor(t[4 + 3 * j]);
       lins[j]->kind = k[2 * j];
+      (lins[j]->kind == kInt4 ? lins[j]->twin : lins[j]->bias) = optional_tensor(t[4 + 3 * j]);
       lins[j]->group = k[2 * j + 1];
       TORCH_CHECK(lins[j]->kind >= kPacked && lins[j]->kind <= kPackedUpcast,
                   "unknown linear kind");
-      TORCH_CHECK(!lins[j]->bias.defined() || lins[j]->kind == kPacked ||
-                      lins[j]->kind == kDense || lins[j]->kind == kPackedUpcast,
+      TORCH_CHECK(!lins[j]->bias.defined() || lins[j]->kind != kInt8,
                   "register_layer_plan: int4 / int8 linears with a bias stay in Python");
     }
     layer.k_cache = t[14];
@@ -166,7 +172,7 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> run_layer_plan(
     } else {
       add_rms_norm_(h, residual, l.in_norm, plan->eps);
     }
-    const at::Tensor qkv = run_linear(l.qkv, h);
+    const at::Tensor qkv = run_linear(l.qkv, h, plan->int4_max_rows);
     const at::Tensor q = rope_write_kv(qkv, cos, sin, slots, l.k_cache, l.v_cache,
                                        plan->num_heads, l.k_scale, l.v_scale, plan->kv_format);
     at::Tensor attn;
@@ -177,9 +183,10 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> run_layer_plan(
                                   plan->block_size, plan->scale, 0, l.k_scale, l.v_scale,
                                   plan->kv_format);
     }
-    h = run_linear(l.o, attn);
+    h = run_linear(l.o, attn, plan->int4_max_rows);
     add_rms_norm_(h, residual, l.post_norm, plan->eps);
-    h = run_linear(l.down, silu_and_mul(run_linear(l.gate_up, h)));
+    h = run_linear(l.down, silu_and_mul(run_linear(l.gate_up, h, plan->int4_max_rows)),
+                   plan->int4_max_rows);
     if (next_capture < capture.size() && capture[next_capture] == layer) {
       captured.push_back(at::add(h, residual));
       ++next_capture;
