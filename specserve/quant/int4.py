@@ -19,8 +19,8 @@ Kernel contract (torch 2.13, read from _meta_registrations.py and checked empiri
 * other devices: nibble-packed storage and a dequantize + ``F.linear`` reference path.
 
 The CPU kernel's cost grows about linearly with rows, the packed bf16 GEMM's hardly at all at
-first: on SmolLM2's shapes (2 threads, Zen 4) int4 wins at 1-2 rows (147 against 190 us for one
-layer's four matmuls at 1 row) and loses from 4 on (at 32 rows 1707 against 710 us;
+first: on SmolLM2's shapes (2 threads, Zen 4) int4 wins at 1 row (143 against 177 us for one
+layer's four matmuls), ties at 2 and loses from 4 on (at 32 rows 1689 against 762 us;
 docs/results/2026-12-04-session21/int4_rows.txt). A layer built with ``dense_twin=True`` also
 keeps its integers dequantized to bf16 in a oneDNN-packed twin and runs that from
 ``INT4_KERNEL_MAX_ROWS + 1`` rows on: int4 speed for decoding one sequence, bf16 speed for a

@@ -1,3 +1,6 @@
+"""torch's int4 CPU kernel (Int4Linear) against the oneDNN-packed bf16 GEMM (PackedLinear) on
+SmolLM2-135M's four linear shapes, by rows: "rows:int4/bf16" in us per call, 2 threads.
+python int4_rows.py"""
 import time, torch
 from specserve.quant.int4 import Int4Linear
 from specserve.layers.linear import PackedLinear
