@@ -19,13 +19,14 @@ Kernel contract (torch 2.13, read from _meta_registrations.py and checked empiri
 * other devices: nibble-packed storage and a dequantize + ``F.linear`` reference path.
 
 The CPU kernel's cost grows about linearly with rows, the packed bf16 GEMM's hardly at all at
-first: on SmolLM2's shapes (2 threads, Zen 4) int4 wins at 1 row (143 against 177 us for one
-layer's four matmuls), ties at 2 and loses from 4 on (at 32 rows 1689 against 762 us;
-docs/results/2026-12-04-session21/int4_rows.txt). A layer built with ``dense_twin=True`` also
-keeps its integers dequantized to bf16 in a oneDNN-packed twin and runs that from
-``INT4_KERNEL_MAX_ROWS + 1`` rows on: int4 speed for decoding one sequence, bf16 speed for a
-batch, for the bytes of both. Worth it where the weights are small and speed is the point (a
-draft model), not where int4 was chosen to save memory.
+first. Per layer of SmolLM2 (its four matmuls, 2 threads, Zen 4), with the weights streamed from
+memory as in a served forward: int4 178 against 527 us at 1 row, 228 against 406 at 4, 425
+against 368 at 6, 1738 against 1011 at 32 (int4_rows_cold.txt); with the weights hot in cache
+bf16 already wins from 4 rows (int4_rows.txt; both in docs/results/2026-12-04-session21/). A layer
+built with ``dense_twin=True`` also keeps its integers dequantized to bf16 in a oneDNN-packed
+twin and runs that past ``INT4_KERNEL_MAX_ROWS`` rows: int4 speed for a few sequences, bf16 speed
+for a batch, for the bytes of both. Worth it where the weights are small and speed is the point
+(a draft model), not where int4 was chosen to save memory.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from specserve.hardware import cpu_has_bf16_gemm
 from specserve.layers.linear import PackedLinear
 
 GROUP_SIZES = (32, 64, 128, 256)
-INT4_KERNEL_MAX_ROWS = 2  # rows up to which a layer with a dense twin still runs the int4 kernel
+INT4_KERNEL_MAX_ROWS = 4  # rows up to which a layer with a dense twin still runs the int4 kernel
 
 
 def group_scale_zero(wg: torch.Tensor, scale_dtype: torch.dtype
