@@ -77,9 +77,10 @@ def test_loop_runs_int4_twins_as_the_module_does(tiny, monkeypatch):
         pytest.skip("twins are built only where bf16 GEMMs are native")
     monkeypatch.setattr(llm_engine, "apply_quantization",
                         functools.partial(apply_quantization, draft=True))
-    llm = LLM(tiny, kv_cache_memory=8 << 20, quantization="int4")
+    llm = LLM(tiny, kv_cache_memory=8 << 20, dtype="bfloat16", quantization="int4")
     qkv = llm.engine.model.layers[0].attn.qkv_proj
     assert isinstance(qkv, Int4Linear) and qkv.twin is not None and INT4_KERNEL_MAX_ROWS < 5
+    assert llm.engine.runner.layer_loop is not None
     want, got, want_pools, got_pools = _step_both_ways(llm)
     assert torch.equal(got, want)
     for (wk, wv), (gk, gv) in zip(want_pools, got_pools, strict=True):

@@ -303,11 +303,22 @@ def test_int4_dense_twin_paths_agree():
     many = layer(x).float()  # the twin
     few = torch.cat([layer(x[i:i + 1]) for i in range(len(x))]).float()  # the int4 kernel
     torch.testing.assert_close(few, many, rtol=2**-7, atol=2e-2)
+    # the cut itself: up to INT4_KERNEL_MAX_ROWS rows are the kernel's, bit for bit
     plain = Int4Linear.from_linear(lin, 32)
+    at_cut = x[:INT4_KERNEL_MAX_ROWS]
+    assert torch.equal(layer(at_cut), plain(at_cut))
+    assert not torch.equal(layer(x[:INT4_KERNEL_MAX_ROWS + 1]),
+                           plain(x[:INT4_KERNEL_MAX_ROWS + 1]))
     torch.testing.assert_close(plain(x).float(), many, rtol=2**-7, atol=2e-2)
-    # the twin is a submodule: counted once by the module walk, not by weight_nbytes
-    assert layer.weight_nbytes == plain.weight_nbytes
+    # the twin is a submodule: counted once, by the module walk
     assert linear_weight_nbytes(layer) == plain.weight_nbytes + layer.twin.weight_nbytes
+    # a draft gets twins only where they can run: bf16 activations
+    from specserve.quant.swap import apply_quantization
+
+    for dtype, has_twin in ((torch.bfloat16, True), (torch.float32, False)):
+        model = nn.Sequential(nn.Linear(128, 96, bias=False, dtype=dtype))
+        apply_quantization(model, "int4", draft=True)
+        assert (model[0].twin is not None) == has_twin
 
 
 # ---- GPTQ (quant/gptq.py) ------------------------------------------------------------------------

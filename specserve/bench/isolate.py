@@ -62,13 +62,16 @@ def run_isolated(fn: Callable[..., Any], args: tuple, progress: Progress) -> Any
             try:
                 kind, *payload = q.get(timeout=1.0)
             except queue.Empty:
-                if not proc.is_alive():
+                if proc.is_alive():
+                    continue
+                try:  # it may have put its last message and exited since the get timed out
+                    kind, *payload = q.get(timeout=1.0)
+                except queue.Empty:
                     raise RuntimeError(
                         f"the benchmark process died without a result (exit code {proc.exitcode}"
                         "; its output is above). A script that runs the lab must guard its top "
                         "level with `if __name__ == '__main__':` (the process is spawned)"
                     ) from None
-                continue
             if kind == "progress":
                 progress(*payload)
             elif kind == "done":

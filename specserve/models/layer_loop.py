@@ -21,7 +21,8 @@ from specserve.layers.attention import AttentionMetadata
 from specserve.layers.kv_cache import LayerKVCache
 from specserve.layers.linear import PackedLinear
 from specserve.models.llama import LlamaModel
-from specserve.quant.int4 import INT4_KERNEL_MAX_ROWS, Int4Linear
+from specserve.quant import int4
+from specserve.quant.int4 import Int4Linear
 from specserve.quant.int8 import SCALE_DTYPE, Int8Linear
 
 _EMPTY = torch.empty(0)
@@ -37,6 +38,8 @@ def _encode(lin: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], lis
     if type(lin) is nn.Linear:
         return [lin.weight, _EMPTY, _EMPTY if lin.bias is None else lin.bias], [DENSE, 0]
     if isinstance(lin, Int4Linear) and lin._direct and lin.compute_dtype == dtype:
+        if lin.twin is not None and lin.twin.upcast:
+            return None  # the loop runs a twin on bf16 activations as they are
         # The bias slot carries the bf16 twin (int4 linears with a bias stay in Python).
         twin = _EMPTY if lin.twin is None else lin.twin.packed
         return [lin.weight, lin.scales_and_zeros, twin], [INT4, lin.group_size]
@@ -84,7 +87,7 @@ class LayerLoop:
         attn = model.layers[0].attn
         plan_id = ext.register_layer_plan(tensors, ints, cfg.num_heads, cache_format.pop(),
                                           block_size, cfg.rms_norm_eps, attn.scale,
-                                          INT4_KERNEL_MAX_ROWS)
+                                          int4.INT4_KERNEL_MAX_ROWS)  # read now, as forward does
         return cls(model, plan_id)
 
     @staticmethod

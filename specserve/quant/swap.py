@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specserve.hardware import cpu_has_bf16_gemm
 from specserve.layers.linear import PackedLinear
 from specserve.quant.fp8 import Fp8Linear
 from specserve.quant.gguf_q4 import BLOCK_BYTES, QK, GGUFQ4Linear, concat_raw
@@ -125,15 +126,18 @@ def apply_quantization(model: nn.Module, method: str | None,
     calibration: token id sequences; with them "int4" picks its integers by GPTQ
     (quant/gptq.py) instead of rounding to nearest.
     draft: the model is a draft, whose weights are small and whose speed is all it is for: int4
-    layers keep a bf16 twin for many rows (quant/int4.py) and the LM head stays bf16 (the int8
-    head's kernel does not beat it here: quant/lm_head.py)."""
+    layers of a bf16 model keep a bf16 twin for many rows (quant/int4.py), and where bf16 GEMMs
+    are native the LM head stays bf16 (the int8 head's kernel does not beat it on the Zen 4 where
+    this was measured: quant/lm_head.py; elsewhere a bf16 head would run as an fp32 image)."""
     if method is None:
         return model
     if method not in QUANTIZATION_METHODS:
         raise ValueError(f"unknown quantization {method!r}; choose one of {QUANTIZATION_METHODS}")
-    device = next(model.parameters()).device
+    first = next(model.parameters())
+    device = first.device
     if method != "gguf":
-        quantize_model(model, method, calibration=calibration, dense_twin=draft)
+        quantize_model(model, method, calibration=calibration,
+                       dense_twin=draft and first.dtype == torch.bfloat16)
     else:
         rows = {name: raw for name, (raw, qtype) in (raw_quantized or {}).items()
                 if qtype == "Q4_1"}
@@ -143,7 +147,7 @@ def apply_quantization(model: nn.Module, method: str | None,
         replace_with_gguf(model, rows, device=device)
     head = getattr(model, "lm_head", None)
     if (method in INT8_HEAD_METHODS and device.type == "cpu" and type(head) is nn.Linear
-            and not draft):
+            and not (draft and cpu_has_bf16_gemm())):
         model.lm_head = Int8LMHead(head.weight.detach())  # see quant/lm_head.py
     return model
 
