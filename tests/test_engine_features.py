@@ -36,6 +36,24 @@ def test_prefix_cache_computes_only_new_blocks(llm):
         out.outputs[0].token_ids
 
 
+def test_requests_arriving_with_a_shared_prefix_compute_it_once(llm):
+    """Three prompts over one 640-token document, submitted together: the document is prefilled
+    once (the other two wait for its blocks), and every output equals the prompt's own."""
+    bm = llm.engine.block_manager
+    prefix = _long_prefix(llm, 640)
+    prompts = [prefix + tail for tail in ([264, 1345, 30], [1094, 2988, 314, 42], [504, 77])]
+    bm.reset_prefix_cache()
+    computed_before = llm.engine.stats.num_prompt_tokens
+    outs = llm.generate(prompts, GREEDY)
+    shared = (len(prefix) // bm.block_size) * bm.block_size
+    assert [o.metrics.num_cached_tokens for o in outs] == [0, shared, shared]
+    assert llm.engine.stats.num_prompt_tokens - computed_before == \
+        len(prompts[0]) + sum(len(p) - shared for p in prompts[1:])
+    uncached = LLM(dtype="float32", enable_prefix_caching=False, kv_cache_memory=64 << 20)
+    assert [o.outputs[0].token_ids for o in outs] == \
+        [uncached.generate([p], GREEDY)[0].outputs[0].token_ids for p in prompts]
+
+
 def test_preemption_with_a_quarter_of_the_needed_pool(llm):
     tok = llm.get_tokenizer()
     prompts = [tok(f"Story {i}: once upon a time in village number {i}, there lived",

@@ -10,7 +10,7 @@ import pytest
 from specserve.config import SchedulerConfig
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.request import Request, RequestStatus
-from specserve.engine.scheduler import Scheduler, SchedulerOutput
+from specserve.engine.scheduler import MIN_SHARED_TOKENS_TO_WAIT, Scheduler, SchedulerOutput
 from specserve.sampling_params import SamplingParams
 
 BS = 4
@@ -176,6 +176,69 @@ def test_prefix_cache_hit_skips_the_cached_tokens():
     assert b.block_ids[:2] == a.block_ids[:2]
     update(sched, out)
     run_to_completion(sched)
+
+
+def _prefilled(outs: list[SchedulerOutput], req: Request) -> int:
+    """Prompt tokens the scheduler had req compute over a run (recomputation included)."""
+    return sum(n for o in outs for r, n in o.scheduled if r is req and n > 1)
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_requests_arriving_with_a_long_shared_prefix_prefill_it_once(caching):
+    shared = toks(9, 2 * MIN_SHARED_TOKENS_TO_WAIT)
+    sched, bm = make_sched(num_blocks=1024, budget=128, chunk=64, caching=caching)
+    a, b, c = (make_req(x, shared + toks(i, 6), max_tokens=2) for i, x in enumerate("abc"))
+    add(sched, a, b, c)
+    first = step(sched)
+    if not caching:  # nothing to share: all three start at once, as before
+        assert scheduled_ids(first) == [("a", 64), ("b", 64)]
+        run_to_completion(sched)
+        return
+    # b and c wait while a prefills what they share, keeping their place in the queue.
+    assert scheduled_ids(first) == [("a", 64)] and list(sched.waiting) == [b, c]
+    outs = [first, *run_to_completion(sched)]
+    assert _prefilled(outs, a) == len(a.prompt_token_ids)
+    for r in (b, c):
+        assert r.num_cached_tokens == len(shared)
+        assert _prefilled(outs, r) == len(r.prompt_token_ids) - len(shared)
+    # Once the shared blocks were computed, b and c were admitted in the same step.
+    admitted = next(i for i, o in enumerate(outs) if b in [r for r, _ in o.scheduled])
+    assert c in [r for r, _ in outs[admitted].scheduled]
+
+
+def test_a_request_waiting_for_a_shared_prefix_lets_unrelated_ones_pass():
+    sched, _ = make_sched(num_blocks=1024, budget=128, chunk=64)
+    shared = toks(9, 2 * MIN_SHARED_TOKENS_TO_WAIT)
+    a, b = make_req("a", shared + toks(1, 3)), make_req("b", shared + toks(2, 3))
+    c = make_req("c", toks(3, 10))
+    add(sched, a, b, c)
+    assert scheduled_ids(step(sched)) == [("a", 64), ("c", 10)]
+    assert list(sched.waiting) == [b]
+
+
+def test_a_short_shared_prefix_is_computed_again_rather_than_waited_for():
+    """A chat template's common preamble is too short to be worth a step of latency."""
+    sched, _ = make_sched(num_blocks=1024, budget=256, chunk=64)
+    shared = toks(9, MIN_SHARED_TOKENS_TO_WAIT - 2 * BS)
+    a, b = make_req("a", shared + toks(1, 40)), make_req("b", shared + toks(2, 40))
+    add(sched, a, b)
+    assert scheduled_ids(step(sched)) == [("a", 64), ("b", 64)]
+
+
+def test_the_tail_of_a_shared_prefix_still_in_flight_is_waited_for():
+    """b arrives while a prefills the last chunk of what they share, less than
+    MIN_SHARED_TOKENS_TO_WAIT: b takes the computed blocks from the cache and waits for the rest
+    rather than computing it a second time."""
+    sched, _ = make_sched(num_blocks=1024, budget=64, chunk=64)
+    shared = toks(9, 4 * MIN_SHARED_TOKENS_TO_WAIT)
+    a, b = make_req("a", shared + toks(1, 3)), make_req("b", shared + toks(2, 3))
+    add(sched, a)
+    for _ in range((len(shared) - MIN_SHARED_TOKENS_TO_WAIT // 2) // 64):
+        step(sched)
+    add(sched, b)
+    outs = run_to_completion(sched)
+    assert b.num_cached_tokens == len(shared)
+    assert _prefilled(outs, b) == len(b.prompt_token_ids) - len(shared)
 
 
 # ---- preemption --------------------------------------------------------------------------------

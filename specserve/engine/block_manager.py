@@ -62,6 +62,12 @@ class BlockManager:
             hashes.append(hash_block(parent, tuple(ids[i * bs:(i + 1) * bs])))
         return hashes
 
+    def prompt_block_hashes(self, req: Request) -> list[int]:
+        """Chained hashes of req's full prompt blocks that a cache hit could serve (the last
+        prompt token is always computed, for its logits)."""
+        return self._request_hashes(req, req.num_prompt_tokens - 1)[
+            :(req.num_prompt_tokens - 1) // self.block_size]
+
     def find_cached_prefix(self, req: Request) -> list[int]:
         """Block ids of the longest cached prefix of req. At least one token is always left to
         compute, because the last prompt position must produce logits."""

@@ -5,6 +5,12 @@ prefill chunks, speculative verification), then waiting requests in FCFS order. 
 always "schedule N tokens": N = num_tokens + num_spec_tokens - num_computed_tokens, capped by the
 budget and the chunk limit. When the KV pool runs out, the most recently admitted running request
 is preempted: its blocks are freed and it is recomputed later (its prefix is likely still cached).
+
+Prefix caching only serves blocks already computed. Requests that arrive together with a long
+common prefix (a RAG document, n choices of one prompt) would each prefill it, several times over
+and into several copies of its KV blocks. So a waiting request whose next uncached blocks a running
+request is still prefilling waits for them (SGLang's in-batch prefix caching), when the prefix it
+shares (cached and in flight) is MIN_SHARED_TOKENS_TO_WAIT tokens or longer.
 """
 
 from __future__ import annotations
@@ -15,6 +21,12 @@ from dataclasses import dataclass, field
 from specserve.config import SchedulerConfig
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.request import Request, RequestStatus
+
+# Waiting costs the request a step or more of latency; computing the shared span again costs
+# every request in the batch its compute (and the pool its blocks). Past a few hundred tokens the
+# compute is worth more than a step here; a chat template's shared preamble (tens of tokens) is
+# cheaper to compute twice than to delay a request for.
+MIN_SHARED_TOKENS_TO_WAIT = 256
 
 
 @dataclass(slots=True)
@@ -79,9 +91,16 @@ class Scheduler:
             i += 1
         if out.preempted:
             return out  # the pool is full: admit nothing new this step
+        # Without prefix caching nothing is shared, so nothing is waited for.
+        inflight = (self._inflight_prompt_blocks() if self.waiting and bm.enable_prefix_caching
+                    else None)
+        deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
             cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
+            if inflight and self._waits_for_inflight(req, len(cached), inflight):
+                deferred.append(self.waiting.popleft())
+                continue
             num_cached = len(cached) * bm.block_size
             num_new = min(req.num_tokens - num_cached, budget, cfg.long_prefill_token_threshold)
             req.num_computed_tokens = num_cached
@@ -100,7 +119,37 @@ class Scheduler:
             self.running.append(req)
             out.scheduled.append((req, num_new))
             budget -= num_new
+            if inflight is not None:
+                inflight.update(self._uncomputed_prompt_blocks(req))
+        self.waiting.extendleft(reversed(deferred))  # they keep their place in the queue
         return out
+
+    def _uncomputed_prompt_blocks(self, req: Request) -> list[int]:
+        """Hashes of req's full prompt blocks that are not computed yet."""
+        if req.num_computed_tokens >= req.num_prompt_tokens:
+            return []
+        hashes = self.block_manager.prompt_block_hashes(req)
+        return hashes[req.num_computed_tokens // self.block_manager.block_size:]
+
+    def _inflight_prompt_blocks(self) -> set[int]:
+        """Prompt blocks that running requests are still prefilling (this step included)."""
+        return {h for r in self.running for h in self._uncomputed_prompt_blocks(r)}
+
+    def _waits_for_inflight(self, req: Request, num_cached_blocks: int,
+                            inflight: set[int]) -> bool:
+        """Whether the blocks after req's cached prefix are being prefilled by a running request,
+        and what req shares (cached and in flight) is long enough to wait for. The whole of it,
+        not just what is left in flight: the last chunk of a long shared prefix is as wasteful to
+        compute twice as the first. Chained hashes: a match means the whole prefix matches (a
+        collision costs a wait, never wrong KV)."""
+        bs = self.block_manager.block_size
+        hashes = self.block_manager.prompt_block_hashes(req)
+        shared = 0
+        for h in hashes[num_cached_blocks:]:
+            if h not in inflight:
+                break
+            shared += 1
+        return shared > 0 and (num_cached_blocks + shared) * bs >= MIN_SHARED_TOKENS_TO_WAIT
 
     def pending_prefill_tokens(self, num_decode_tokens: int) -> int:
         """A guess at the prefill tokens the next step will carry next to num_decode_tokens:
