@@ -97,10 +97,10 @@ class Scheduler:
         deferred: list[Request] = []
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
-            cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
-            if inflight and self._waits_for_inflight(req, len(cached), inflight):
+            if inflight and self._waits_for_inflight(req, inflight):
                 deferred.append(self.waiting.popleft())
                 continue
+            cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
             num_cached = len(cached) * bm.block_size
             num_new = min(req.num_tokens - num_cached, budget, cfg.long_prefill_token_threshold)
             req.num_computed_tokens = num_cached
@@ -135,21 +135,22 @@ class Scheduler:
         """Prompt blocks that running requests are still prefilling (this step included)."""
         return {h for r in self.running for h in self._uncomputed_prompt_blocks(r)}
 
-    def _waits_for_inflight(self, req: Request, num_cached_blocks: int,
-                            inflight: set[int]) -> bool:
-        """Whether the blocks after req's cached prefix are being prefilled by a running request,
+    def _waits_for_inflight(self, req: Request, inflight: set[int]) -> bool:
+        """Whether a running request is still prefilling blocks that follow req's cached prefix,
         and what req shares (cached and in flight) is long enough to wait for. The whole of it,
         not just what is left in flight: the last chunk of a long shared prefix is as wasteful to
-        compute twice as the first. Chained hashes: a match means the whole prefix matches (a
-        collision costs a wait, never wrong KV)."""
-        bs = self.block_manager.block_size
-        hashes = self.block_manager.prompt_block_hashes(req)
-        shared = 0
-        for h in hashes[num_cached_blocks:]:
-            if h not in inflight:
+        compute twice as the first. Hashes only, no token comparison (find_cached_prefix does
+        that on admission), so that a long queue is cheap to pass over; chained hashes make a
+        match a whole-prefix match, and a collision costs a wait, never wrong KV."""
+        cached = self.block_manager.cached
+        shared = in_flight = 0
+        for h in self.block_manager.prompt_block_hashes(req):
+            if h in inflight:
+                in_flight += 1
+            elif h not in cached:
                 break
             shared += 1
-        return shared > 0 and (num_cached_blocks + shared) * bs >= MIN_SHARED_TOKENS_TO_WAIT
+        return in_flight > 0 and shared * self.block_manager.block_size >= MIN_SHARED_TOKENS_TO_WAIT
 
     def pending_prefill_tokens(self, num_decode_tokens: int) -> int:
         """A guess at the prefill tokens the next step will carry next to num_decode_tokens:
