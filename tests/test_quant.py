@@ -285,6 +285,8 @@ def test_int8_lm_head_paths_agree():
     ref = x.float() @ w.T
     assert rel(many, ref) < 0.015 and rel(few, ref) < 0.015
     assert head.weight.dtype == torch.int8 and head.weight_nbytes < w.numel() * 4
+    # its int8 rows, scales and packed copy, each counted once
+    assert linear_weight_nbytes(nn.Sequential(head)) == head.weight_nbytes
 
 
 def test_int4_dense_twin_paths_agree():

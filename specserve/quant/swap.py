@@ -100,11 +100,15 @@ def replace_with_gguf(
 
 
 def linear_weight_nbytes(model: nn.Module) -> int:
-    """Weight bytes of all linear layers, quantized or not (biases and embeddings excluded)."""
+    """Weight bytes of all linear layers, quantized or not (biases and embeddings excluded).
+    A module's packed bf16 copy (an int4 twin, the int8 head's) is a PackedLinear submodule and
+    is counted as one, once."""
     total = 0
     for m in model.modules():
         if isinstance(m, (*QUANT_MODULES, PackedLinear)):
             total += m.weight_nbytes
+        elif isinstance(m, Int8LMHead):
+            total += m.weight.nbytes + m.scales.nbytes
         elif isinstance(m, nn.Linear):
             total += m.weight.nbytes
     return total
