@@ -214,6 +214,42 @@ def test_a_request_waiting_for_a_shared_prefix_lets_unrelated_ones_pass():
     add(sched, a, b, c)
     assert scheduled_ids(step(sched)) == [("a", 64), ("c", 10)]
     assert list(sched.waiting) == [b]
+    run_to_completion(sched)
+    assert b.num_cached_tokens == len(shared)
+
+
+def test_a_wait_ends_when_the_request_it_waits_for_is_aborted():
+    sched, _ = make_sched(num_blocks=1024, budget=128, chunk=64)
+    shared = toks(9, 2 * MIN_SHARED_TOKENS_TO_WAIT)
+    a, b = make_req("a", shared + toks(1, 3)), make_req("b", shared + toks(2, 3))
+    add(sched, a, b)
+    step(sched)
+    step(sched)
+    assert list(sched.waiting) == [b]
+    sched.finish(a, RequestStatus.FINISHED_ABORTED)
+    out = step(sched)  # b takes what a computed from the cache and prefills the rest itself
+    assert scheduled_ids(out) == [("b", 64)] and b.num_cached_tokens == 128
+    run_to_completion(sched)
+
+
+def test_a_preempted_request_is_not_held_back():
+    sched, _ = make_sched(num_blocks=1024, budget=128, chunk=64)
+    shared = toks(9, 2 * MIN_SHARED_TOKENS_TO_WAIT)
+    a, b = make_req("a", shared + toks(1, 3)), make_req("b", shared + toks(2, 3))
+    add(sched, a)
+    step(sched)
+    b.status = RequestStatus.PREEMPTED  # as if it had run before and been preempted
+    add(sched, b)
+    assert scheduled_ids(step(sched)) == [("a", 64), ("b", 64)]
+    run_to_completion(sched)
+
+
+def test_the_wait_threshold_is_inclusive():
+    sched, _ = make_sched(num_blocks=1024, budget=256, chunk=64)
+    shared = toks(9, MIN_SHARED_TOKENS_TO_WAIT)  # exactly the threshold, whole blocks
+    a, b = make_req("a", shared + toks(1, 40)), make_req("b", shared + toks(2, 40))
+    add(sched, a, b)
+    assert scheduled_ids(step(sched)) == [("a", 64)]
 
 
 def test_a_short_shared_prefix_is_computed_again_rather_than_waited_for():
@@ -229,7 +265,7 @@ def test_the_tail_of_a_shared_prefix_still_in_flight_is_waited_for():
     """b arrives while a prefills the last chunk of what they share, less than
     MIN_SHARED_TOKENS_TO_WAIT: b takes the computed blocks from the cache and waits for the rest
     rather than computing it a second time."""
-    sched, _ = make_sched(num_blocks=1024, budget=64, chunk=64)
+    sched, _ = make_sched(num_blocks=1024, budget=128, chunk=64)  # room for b beside a's chunk
     shared = toks(9, 4 * MIN_SHARED_TOKENS_TO_WAIT)
     a, b = make_req("a", shared + toks(1, 3)), make_req("b", shared + toks(2, 3))
     add(sched, a)

@@ -95,33 +95,39 @@ class Scheduler:
         inflight = (self._inflight_prompt_blocks() if self.waiting and bm.enable_prefix_caching
                     else None)
         deferred: list[Request] = []
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-            req = self.waiting[0]
-            if inflight and self._waits_for_inflight(req, inflight):
-                deferred.append(self.waiting.popleft())
-                continue
-            cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
-            num_cached = len(cached) * bm.block_size
-            num_new = min(req.num_tokens - num_cached, budget, cfg.long_prefill_token_threshold)
-            req.num_computed_tokens = num_cached
-            if not bm.allocate(req, num_new, cached):
-                req.num_computed_tokens = 0
-                if not self.running:
-                    raise RuntimeError(
-                        f"request {req.request_id} cannot fit in an empty KV pool "
-                        f"({bm.num_blocks} blocks of {bm.block_size}); raise kv_cache_memory")
-                break
-            self.waiting.popleft()
-            if req.status == RequestStatus.WAITING:
-                req.num_cached_tokens = num_cached
-            bm.record_prefix_lookup(req.num_tokens, num_cached)
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            out.scheduled.append((req, num_new))
-            budget -= num_new
-            if inflight is not None:
-                inflight.update(self._uncomputed_prompt_blocks(req))
-        self.waiting.extendleft(reversed(deferred))  # they keep their place in the queue
+        try:
+            while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+                req = self.waiting[0]
+                # A preempted request is not held back: passed by others, it would be the
+                # newest again, the next victim, and its cached blocks could be evicted.
+                if (inflight and req.status != RequestStatus.PREEMPTED
+                        and self._waits_for_inflight(req, inflight)):
+                    deferred.append(self.waiting.popleft())
+                    continue
+                cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
+                num_cached = len(cached) * bm.block_size
+                num_new = min(req.num_tokens - num_cached, budget,
+                              cfg.long_prefill_token_threshold)
+                req.num_computed_tokens = num_cached
+                if not bm.allocate(req, num_new, cached):
+                    req.num_computed_tokens = 0
+                    if not self.running:
+                        raise RuntimeError(
+                            f"request {req.request_id} cannot fit in an empty KV pool "
+                            f"({bm.num_blocks} blocks of {bm.block_size}); raise kv_cache_memory")
+                    break
+                self.waiting.popleft()
+                if req.status == RequestStatus.WAITING:
+                    req.num_cached_tokens = num_cached
+                bm.record_prefix_lookup(req.num_tokens, num_cached)
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
+                out.scheduled.append((req, num_new))
+                budget -= num_new
+                if inflight is not None:
+                    inflight.update(self._uncomputed_prompt_blocks(req))
+        finally:
+            self.waiting.extendleft(reversed(deferred))  # they keep their place in the queue
         return out
 
     def _uncomputed_prompt_blocks(self, req: Request) -> list[int]:
@@ -137,9 +143,10 @@ class Scheduler:
 
     def _waits_for_inflight(self, req: Request, inflight: set[int]) -> bool:
         """Whether a running request is still prefilling blocks that follow req's cached prefix,
-        and what req shares (cached and in flight) is long enough to wait for. The whole of it,
-        not just what is left in flight: the last chunk of a long shared prefix is as wasteful to
-        compute twice as the first. Hashes only, no token comparison (find_cached_prefix does
+        and what req shares (cached and in flight) is long enough to wait for. The whole of it
+        counts, not just what is left in flight: a request that shares a long prefix waits for
+        the rest of it, usually one more step, rather than computing the sharer's last chunk
+        again. Hashes only, no token comparison (find_cached_prefix does
         that on admission), so that a long queue is cheap to pass over; chained hashes make a
         match a whole-prefix match, and a collision costs a wait, never wrong KV."""
         cached = self.block_manager.cached
@@ -155,7 +162,8 @@ class Scheduler:
     def pending_prefill_tokens(self, num_decode_tokens: int) -> int:
         """A guess at the prefill tokens the next step will carry next to num_decode_tokens:
         unfinished prompts of running requests, then waiting prompts, within the token budget
-        (prefix-cache hits and arrivals before the step are not known yet)."""
+        (prefix-cache hits, arrivals before the step, and waits for in-flight prefixes are not
+        known yet)."""
         cfg = self.config
         chunk = cfg.long_prefill_token_threshold
         total = sum(min(r.num_prompt_tokens - r.num_computed_tokens, chunk)
