@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from specserve.engine.llm_engine import LLMEngine
@@ -39,7 +39,9 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[RequestOutput]:
         """Run all prompts to completion in one continuous batch; outputs keep input order.
-        Prompts are strings or lists of token ids."""
+        Prompts are strings or lists of token ids. With `n` > 1 a prompt's RequestOutput holds
+        n completions (`outputs[j].index == j`), each run as its own engine request (see
+        SamplingParams.for_choice); a long prompt is prefilled once for all of them."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
@@ -47,9 +49,20 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError("need one SamplingParams per prompt, or a single one")
-        ids = [self.engine.add_request(p, sp).request_id for p, sp in zip(prompts, params,
-                                                                         strict=True)]
-        return self._run(ids)
+        for sp in params:  # refuse bad input before anything is queued
+            sp.validate()
+        groups: list[list[str]] = []
+        try:
+            for p, sp in zip(prompts, params, strict=True):
+                groups.append([])
+                for j in range(sp.n):
+                    groups[-1].append(self.engine.add_request(p, sp.for_choice(j)).request_id)
+        except BaseException:  # all or none
+            for rid in (r for g in groups for r in g):
+                self.engine.abort_request(rid)
+            raise
+        outs = iter(self._run([rid for g in groups for rid in g]))
+        return [_merge_choices([next(outs) for _ in g]) for g in groups]
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
@@ -89,3 +102,12 @@ class LLM:
 
     def get_stats(self) -> dict:
         return self.engine.get_stats()
+
+
+def _merge_choices(outs: list[RequestOutput]) -> RequestOutput:
+    """The n engine requests of one prompt as one RequestOutput, as vLLM returns it."""
+    if len(outs) == 1:
+        return outs[0]
+    first = outs[0]
+    choices = [replace(o.outputs[0], index=j) for j, o in enumerate(outs)]
+    return replace(first, outputs=choices, finished=all(o.finished for o in outs))

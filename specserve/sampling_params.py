@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -77,3 +77,10 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature < 1e-5
+
+    def for_choice(self, j: int) -> SamplingParams:
+        """Choice j of n, run as an engine request of its own (the engine runs one sequence per
+        request; LLM.generate and the server fan n out): n = 1, and a seeded request gives
+        choice j the seed + j, so that the choices differ and each is reproducible."""
+        seed = None if self.seed is None else (self.seed + j) & (2**64 - 1)
+        return replace(self, n=1, seed=seed)

@@ -80,6 +80,34 @@ def test_preemption_with_a_quarter_of_the_needed_pool(llm):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def test_n_choices_per_prompt_as_vllm_returns_them(llm):
+    """SamplingParams(n=3) gives each prompt one RequestOutput with three completions; choice j
+    is the request seeded seed + j, and a long prompt is prefilled once for all three."""
+    bm = llm.engine.block_manager
+    doc = _long_prefix(llm, 600)
+    short = llm.get_tokenizer()("Tell me a story.", add_special_tokens=False).input_ids
+    params = SamplingParams(n=3, temperature=1.0, seed=41, max_tokens=12, ignore_eos=True)
+    bm.reset_prefix_cache()
+    computed_before = llm.engine.stats.num_prompt_tokens
+    outs = llm.generate([doc, short], params)
+    assert len(outs) == 2
+    assert llm.engine.stats.num_prompt_tokens - computed_before == \
+        len(doc) + 2 * (len(doc) % bm.block_size or bm.block_size) + 3 * len(short)
+    for prompt, out in zip([doc, short], outs, strict=True):
+        assert out.finished and out.prompt_token_ids == prompt
+        assert [c.index for c in out.outputs] == [0, 1, 2]
+        for j, c in enumerate(out.outputs):
+            alone = SamplingParams(temperature=1.0, seed=41 + j, max_tokens=12, ignore_eos=True)
+            assert c.token_ids == llm.generate([prompt], alone)[0].outputs[0].token_ids
+        assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    with pytest.raises(ValueError, match="one sequence per request"):
+        llm.engine.add_request(short, params)
+    # all or none: a bad prompt after good ones leaves nothing queued
+    with pytest.raises(ValueError, match="empty"):
+        llm.generate([short, []], params)
+    assert not llm.engine.has_unfinished_requests()
+
+
 def test_seeded_sampling_is_batch_independent(llm):
     tok = llm.get_tokenizer()
     prompt = tok("Tell me a story about a dragon.", add_special_tokens=False).input_ids

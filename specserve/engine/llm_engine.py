@@ -172,6 +172,9 @@ class LLMEngine:
         """Validate and queue a request. Raises ValueError for bad input; nothing else changes."""
         params = params or SamplingParams()
         params.validate()
+        if params.n != 1:
+            raise ValueError(f"the engine runs one sequence per request (n={params.n}): "
+                             "LLM.generate and the server fan n out, one request per choice")
         if isinstance(prompt, str):
             prompt_text, token_ids = prompt, self.tokenize(prompt)
         else:

@@ -15,7 +15,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import replace
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -53,7 +52,6 @@ from specserve.server.protocol import (
     UsageInfo,
 )
 
-_U64_MASK = 2**64 - 1
 # nginx's code for "client closed request": never seen by the client, only in access logs.
 _CLIENT_CLOSED = 499
 
@@ -157,9 +155,7 @@ class OpenAIServing:
             for j in range(n):
                 ids.append(f"{request_id}-{p * n + j}")
                 prompts.append(ids_p)
-                seeded = params.seed is not None and j > 0
-                all_params.append(replace(params, seed=(params.seed + j) & _U64_MASK)
-                                  if seeded else params)
+                all_params.append(params.for_choice(j))
         try:
             return await self.engine.add_requests(ids, prompts, all_params, stream=stream)
         except QueueFullError as exc:
