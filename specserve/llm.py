@@ -41,7 +41,8 @@ class LLM:
         """Run all prompts to completion in one continuous batch; outputs keep input order.
         Prompts are strings or lists of token ids. With `n` > 1 a prompt's RequestOutput holds
         n completions (`outputs[j].index == j`), each run as its own engine request (see
-        SamplingParams.for_choice); a long prompt is prefilled once for all of them."""
+        SamplingParams.for_choice); with prefix caching, a prompt of 256 tokens or more is
+        prefilled once for all of them (each choice computes its last partial block)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or SamplingParams()
@@ -105,9 +106,10 @@ class LLM:
 
 
 def _merge_choices(outs: list[RequestOutput]) -> RequestOutput:
-    """The n engine requests of one prompt as one RequestOutput, as vLLM returns it."""
+    """The n engine requests of one prompt as one RequestOutput, as vLLM returns it. Its
+    request_id and metrics are choice 0's."""
     if len(outs) == 1:
         return outs[0]
-    first = outs[0]
     choices = [replace(o.outputs[0], index=j) for j, o in enumerate(outs)]
-    return replace(first, outputs=choices, finished=all(o.finished for o in outs))
+    return replace(outs[0], outputs=choices, finished=all(o.finished for o in outs),
+                   delta_text="", delta_token_ids=[])

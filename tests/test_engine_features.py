@@ -100,8 +100,13 @@ def test_n_choices_per_prompt_as_vllm_returns_them(llm):
             alone = SamplingParams(temperature=1.0, seed=41 + j, max_tokens=12, ignore_eos=True)
             assert c.token_ids == llm.generate([prompt], alone)[0].outputs[0].token_ids
         assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    mixed = llm.generate([short, short], [SamplingParams(n=2, max_tokens=2, ignore_eos=True),
+                                          SamplingParams(max_tokens=3, ignore_eos=True)])
+    assert [len(o.outputs) for o in mixed] == [2, 1] and len(mixed[1].outputs[0].token_ids) == 3
     with pytest.raises(ValueError, match="one sequence per request"):
         llm.engine.add_request(short, params)
+    with pytest.raises(ValueError, match="seed"):
+        SamplingParams(seed=2**64)
     # all or none: a bad prompt after good ones leaves nothing queued
     with pytest.raises(ValueError, match="empty"):
         llm.generate([short, []], params)
@@ -144,6 +149,26 @@ def test_stop_strings_stop_tokens_eos_and_logprobs(llm):
     # Greedy picks the top-1 token, so its logprob is the largest of the returned ones.
     assert all(lp[t] == max(lp.values()) for lp, t in zip(chat.logprobs, chat.token_ids,
                                                          strict=True))
+
+
+def test_min_tokens_keeps_stops_from_being_sampled(llm):
+    """vLLM's min_tokens: until the output has that many tokens, no stop token (EOS included)
+    is sampled and no stop string ends it; the tokens before the first would-be stop are the
+    unconstrained ones."""
+    hello = [{"role": "user", "content": "Say hello."}]
+    free = llm.chat(hello, SamplingParams(temperature=0, max_tokens=200))[0].outputs[0]
+    eos = set(llm.engine.model_config.eos_token_ids)
+    assert free.token_ids[-1] in eos and free.finish_reason == "stop"
+    n = len(free.token_ids)
+    held = llm.chat(hello, SamplingParams(temperature=0, max_tokens=n + 20, min_tokens=n + 5,
+                                          logprobs=0))[0].outputs[0]
+    assert len(held.token_ids) >= n + 5
+    assert not eos & set(held.token_ids[:n + 5])
+    assert held.token_ids[:n - 1] == free.token_ids[:-1]
+    # the stop string occurs early, but only a later occurrence may end the output
+    counting = SamplingParams(temperature=0, max_tokens=60, stop=[","], min_tokens=6)
+    out = llm.generate(["1, 2, 3, 4,"], counting)[0].outputs[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) >= 6 and "," in out.text
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -57,6 +57,18 @@ def test_greedy_speculation_is_token_identical(llm, spec_llm):
         assert stats["num_accepted_tokens"] > 0
 
 
+def test_min_tokens_under_speculation_matches_plain_decoding(llm, spec_llm):
+    """Stop tokens are masked in the verifier's distribution too: a draft that guesses EOS
+    before min_tokens is rejected, and greedy output equals plain decoding's."""
+    hello = [{"role": "user", "content": "Say hello."}]
+    free = llm.chat(hello, SamplingParams(temperature=0, max_tokens=200))[0].outputs[0]
+    n = len(free.token_ids)
+    params = SamplingParams(temperature=0, max_tokens=n + 12, min_tokens=n + 4)
+    want = llm.chat(hello, params)[0].outputs[0].token_ids
+    assert len(want) >= n + 4
+    assert spec_llm.chat(hello, params)[0].outputs[0].token_ids == want
+
+
 def test_stop_inside_an_accepted_draft(llm):
     """A stop token or stop string met in the middle of accepted draft tokens ends the output
     exactly where plain decoding ends it; later accepted tokens are dropped. Static K: the test

@@ -22,7 +22,7 @@ from specserve.models.llama import build_model
 from specserve.models.loader import load_model
 from specserve.outputs import RequestOutput
 from specserve.quant.swap import apply_quantization, model_nbytes
-from specserve.sample.emit import emit_tokens
+from specserve.sample.emit import emit_tokens, mask_stops_before_min_tokens
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode import build_proposer
 from specserve.spec_decode.config import SpeculativeConfig
@@ -246,6 +246,7 @@ class LLMEngine:
                                              on_forward=on_forward)
         reqs = [r for r, _ in sampling]
         num_spec = [k for _, k in sampling]
+        mask_stops_before_min_tokens(logits, sampling)
         emitted = emit_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs],
                               num_spec, [r.spec_token_ids for r in reqs],
                               [r.spec_probs for r in reqs])

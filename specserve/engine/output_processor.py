@@ -29,7 +29,8 @@ def check_stop(req: Request, token: int, tokenizer, eos_token_ids: tuple[int, ..
         return RequestStatus.FINISHED_STOPPED
     if req.stream:
         delta = detokenize_incrementally(tokenizer, req)
-        if delta and req.params.stop:
+        # No stop string ends a request before min_tokens either (vLLM's rule).
+        if delta and req.params.stop and req.num_output_tokens >= req.params.min_tokens:
             end = find_stop_string(req, len(delta))
             if end is not None:
                 req.output_text = req.output_text[:end]

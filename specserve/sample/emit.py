@@ -14,6 +14,23 @@ from specserve.sample.sampler import compute_probs, sample
 from specserve.sampling_params import SamplingParams
 
 
+def mask_stops_before_min_tokens(logits: torch.Tensor, sampling: list) -> None:
+    """min_tokens, as vLLM means it: until a request has that many output tokens, its stop
+    token ids (EOS included) cannot be sampled. Masked in place in the logits that greedy and
+    random sampling and the rejection sampler all read, so a verification is lossless against
+    the same distribution plain decoding samples from. sampling: (request, K) in row order; a
+    request's row j emits its output token number num_output_tokens + j (0-based)."""
+    row, vocab = 0, logits.shape[-1]
+    for req, k in sampling:
+        left = req.params.min_tokens - req.num_output_tokens
+        if left > 0 and req.stop_token_ids:
+            ids = torch.tensor(sorted(t for t in req.stop_token_ids if t < vocab),
+                               dtype=torch.long)
+            with torch.inference_mode():  # the runner made logits under it
+                logits[row:row + min(k + 1, left), ids] = float("-inf")
+        row += k + 1
+
+
 def _per_row(values: list, repeats: list[int]) -> torch.Tensor:
     return torch.tensor(values).repeat_interleave(torch.tensor(repeats))
 
