@@ -4,11 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import fields, replace
+from typing import Any
+
+from rich.progress import MofNCompleteColumn, Progress
 
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from specserve.engine.llm_engine import LLMEngine
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
+
+# vLLM's PromptType: text, token ids, or a TextPrompt / TokensPrompt dict.
+PromptType = str | list[int] | dict[str, Any]
 
 _CACHE_KEYS = {f.name for f in fields(CacheConfig)}
 _SCHED_KEYS = {f.name for f in fields(SchedulerConfig)}
@@ -35,16 +41,19 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
-    def generate(self, prompts: str | Sequence[str] | Sequence[list[int]],
+    def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 ) -> list[RequestOutput]:
+                 *, use_tqdm: bool = False) -> list[RequestOutput]:
         """Run all prompts to completion in one continuous batch; outputs keep input order.
-        Prompts are strings or lists of token ids. With `n` > 1 a prompt's RequestOutput holds
+        Prompts are strings, lists of token ids, or vLLM's prompt dicts ({"prompt": text} or
+        {"prompt_token_ids": ids}); use_tqdm shows a progress bar of finished requests, as
+        vLLM's does (off by default here). With `n` > 1 a prompt's RequestOutput holds
         n completions (`outputs[j].index == j`), each run as its own engine request (see
         SamplingParams.for_choice); with prefix caching, a prompt of 256 tokens or more is
         prefilled once for all of them (each choice computes its last partial block)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        prompts = [_prompt_input(p) for p in prompts]
         params = sampling_params or SamplingParams()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
@@ -62,16 +71,17 @@ class LLM:
             for rid in (r for g in groups for r in g):
                 self.engine.abort_request(rid)
             raise
-        outs = iter(self._run([rid for g in groups for rid in g]))
+        outs = iter(self._run([rid for g in groups for rid in g], use_tqdm))
         return [_merge_choices([next(outs) for _ in g]) for g in groups]
 
     def chat(self, messages: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+             sampling_params: SamplingParams | None = None, *, use_tqdm: bool = False,
+             ) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"}) or a list of conversations, rendered
         with the model's chat template."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.engine.apply_chat_template(c) for c in convs]
-        return self.generate(prompts, sampling_params)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def generate_stream(self, prompt: str | list[int], sampling_params: SamplingParams | None = None
                         ) -> Iterator[RequestOutput]:
@@ -87,15 +97,20 @@ class LLM:
         finally:
             self.engine.abort_request(req.request_id)
 
-    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
+    def _run(self, request_ids: list[str], use_tqdm: bool = False) -> list[RequestOutput]:
         pending = set(request_ids)
         done: dict[str, RequestOutput] = {}
+        progress = Progress(*Progress.get_default_columns(), MofNCompleteColumn(),
+                            disable=not use_tqdm, transient=True)
         try:
-            while pending:
-                for out in self.engine.step():
-                    if out.finished and out.request_id in pending:
-                        done[out.request_id] = out
-                        pending.discard(out.request_id)
+            with progress:
+                task = progress.add_task("generating", total=len(request_ids))
+                while pending:
+                    for out in self.engine.step():
+                        if out.finished and out.request_id in pending:
+                            done[out.request_id] = out
+                            pending.discard(out.request_id)
+                            progress.advance(task)
         finally:
             for rid in pending:  # interrupted: leave nothing behind in the engine
                 self.engine.abort_request(rid)
@@ -103,6 +118,17 @@ class LLM:
 
     def get_stats(self) -> dict:
         return self.engine.get_stats()
+
+
+def _prompt_input(prompt: PromptType) -> str | list[int]:
+    """vLLM's prompt forms: text, token ids, {"prompt": text}, {"prompt_token_ids": ids}."""
+    if not isinstance(prompt, dict):
+        return prompt
+    if "prompt_token_ids" in prompt:
+        return list(prompt["prompt_token_ids"])
+    if "prompt" in prompt:
+        return prompt["prompt"]
+    raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got {sorted(prompt)}")
 
 
 def _merge_choices(outs: list[RequestOutput]) -> RequestOutput:

@@ -113,6 +113,18 @@ def test_n_choices_per_prompt_as_vllm_returns_them(llm):
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_vllm_prompt_forms_and_use_tqdm(llm):
+    """Code written for vLLM passes prompts as dicts and use_tqdm; both work here."""
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    text = "The capital of France is"
+    want = llm.generate([text], greedy)[0]
+    as_text = llm.generate({"prompt": text}, greedy, use_tqdm=True)
+    as_ids = llm.generate([{"prompt_token_ids": want.prompt_token_ids}], greedy)
+    assert [o.outputs[0].token_ids for o in as_text + as_ids] == [want.outputs[0].token_ids] * 2
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        llm.generate([{"text": text}], greedy)
+
+
 def test_seeded_sampling_is_batch_independent(llm):
     tok = llm.get_tokenizer()
     prompt = tok("Tell me a story about a dragon.", add_special_tokens=False).input_ids
