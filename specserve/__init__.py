@@ -2,6 +2,7 @@
 
 from specserve.llm import LLM
 from specserve.outputs import CompletionOutput, RequestOutput
-from specserve.sampling_params import SamplingParams
+from specserve.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput",
+           "CompletionOutput"]

@@ -124,6 +124,10 @@ def _prompt_input(prompt: PromptType) -> str | list[int]:
     """vLLM's prompt forms: text, token ids, {"prompt": text}, {"prompt_token_ids": ids}."""
     if not isinstance(prompt, dict):
         return prompt
+    unknown = set(prompt) - {"prompt", "prompt_token_ids"}
+    if unknown:  # e.g. multi_modal_data: refused rather than silently dropped
+        raise ValueError(f"prompt dict keys {sorted(unknown)} are not supported; give "
+                         "'prompt' or 'prompt_token_ids'")
     if "prompt_token_ids" in prompt:
         return list(prompt["prompt_token_ids"])
     if "prompt" in prompt:
@@ -133,9 +137,9 @@ def _prompt_input(prompt: PromptType) -> str | list[int]:
 
 def _merge_choices(outs: list[RequestOutput]) -> RequestOutput:
     """The n engine requests of one prompt as one RequestOutput, as vLLM returns it. Its
-    request_id and metrics are choice 0's."""
+    request_id and metrics are choice 0's; generate merges only finished requests."""
     if len(outs) == 1:
         return outs[0]
     choices = [replace(o.outputs[0], index=j) for j, o in enumerate(outs)]
-    return replace(outs[0], outputs=choices, finished=all(o.finished for o in outs),
+    return replace(outs[0], outputs=choices, finished=True,
                    delta_text="", delta_token_ids=[])

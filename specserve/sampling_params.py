@@ -2,9 +2,50 @@
 
 from __future__ import annotations
 
+import json as _json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
+
+
+@dataclass(slots=True)
+class StructuredOutputsParams:
+    """Constrain the output (vLLM's StructuredOutputsParams; exactly one field set): a JSON
+    schema (a dict or its JSON text), any JSON object, a regex, one of a list of strings, or an
+    EBNF grammar in xgrammar's dialect."""
+
+    json: str | dict | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        set_fields = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        if len(set_fields) != 1:
+            raise ValueError("structured_outputs takes exactly one of json, json_object, regex, "
+                             f"choice, grammar; got {set_fields or 'none'}")
+        if isinstance(self.json, str):
+            try:
+                _json.loads(self.json)
+            except ValueError as exc:
+                raise ValueError(f"structured_outputs json is not valid JSON: {exc}") from None
+        elif self.json is not None and not isinstance(self.json, dict):
+            raise ValueError("structured_outputs json must be a JSON schema (a dict or a string)")
+        if self.choice is not None and (not isinstance(self.choice, (list, tuple))
+                                        or not self.choice
+                                        or any(not isinstance(c, str) or not c
+                                               for c in self.choice)):
+            raise ValueError("structured_outputs choice must be a non-empty list of non-empty "
+                             "strings")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs {name} must be a non-empty string")
+
+    @property
+    def kind(self) -> str:
+        return next(f.name for f in fields(self) if getattr(self, f.name) not in (None, False))
 
 
 @dataclass(slots=True)
@@ -26,6 +67,7 @@ class SamplingParams:
     num_speculative_tokens: int | None = None
     # None: the engine's policy; "off" | "static" | "adaptive" for this request alone.
     speculation_policy: str | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -57,8 +99,10 @@ class SamplingParams:
         if self.max_tokens is not None and (not isinstance(self.max_tokens, int)
                                             or self.max_tokens < 1):
             bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if self.min_tokens < 0:
-            bad(f"min_tokens must be >= 0, got {self.min_tokens!r}")
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            bad(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            bad(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             bad(f"logprobs must be in 0..20, got {self.logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -74,6 +118,9 @@ class SamplingParams:
         k = self.num_speculative_tokens
         if k is not None and (not isinstance(k, int) or k < 0 or k > 16):
             bad(f"num_speculative_tokens must be in 0..16, got {k!r}")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs,
+                                                                  StructuredOutputsParams):
+            bad("structured_outputs must be a StructuredOutputsParams")
 
     @property
     def is_greedy(self) -> bool:

@@ -123,6 +123,8 @@ def test_vllm_prompt_forms_and_use_tqdm(llm):
     assert [o.outputs[0].token_ids for o in as_text + as_ids] == [want.outputs[0].token_ids] * 2
     with pytest.raises(ValueError, match="prompt_token_ids"):
         llm.generate([{"text": text}], greedy)
+    with pytest.raises(ValueError, match="multi_modal_data"):
+        llm.generate([{"prompt": text, "multi_modal_data": {"image": None}}], greedy)
 
 
 def test_seeded_sampling_is_batch_independent(llm):
@@ -177,6 +179,15 @@ def test_min_tokens_keeps_stops_from_being_sampled(llm):
     assert len(held.token_ids) >= n + 5
     assert not eos & set(held.token_ids[:n + 5])
     assert held.token_ids[:n - 1] == free.token_ids[:-1]
+    # Logprobs are the model's own, not the masked distribution's: where the free reply ended,
+    # EOS is still the top entry, with the logprob the free run reported for it.
+    ranked = llm.chat(hello, SamplingParams(temperature=0, max_tokens=n + 1, min_tokens=n + 1,
+                                            logprobs=1))[0].outputs[0]
+    free_lp = llm.chat(hello, SamplingParams(temperature=0, max_tokens=200,
+                                             logprobs=1))[0].outputs[0].logprobs
+    top_at_end = max(ranked.logprobs[n - 1].items(), key=lambda kv: kv[1])
+    assert top_at_end[0] == free.token_ids[-1] and top_at_end[0] != ranked.token_ids[n - 1]
+    assert top_at_end[1] == pytest.approx(free_lp[n - 1][free.token_ids[-1]], abs=1e-5)
     # the stop string occurs early, but only a later occurrence may end the output
     counting = SamplingParams(temperature=0, max_tokens=60, stop=[","], min_tokens=6)
     out = llm.generate(["1, 2, 3, 4,"], counting)[0].outputs[0]

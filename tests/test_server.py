@@ -20,7 +20,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from specserve import SamplingParams
+from specserve import SamplingParams, StructuredOutputsParams
 
 MODEL = "SmolLM2-135M-Instruct"
 # fp32 so that greedy text matches the offline engine token for token; a small KV pool is quick
@@ -118,7 +118,7 @@ _offline_cache: dict[str, tuple[str, int, str]] = {}
 def offline_text(llm, prompt: str | list[dict], **kw) -> tuple[str, int, str]:
     """(text, number of tokens, finish reason) from the in-process engine; memoised, since
     several tests compare against the same generation."""
-    key = json.dumps([prompt, kw], sort_keys=True)
+    key = json.dumps([prompt, kw], sort_keys=True, default=repr)
     if key not in _offline_cache:
         params = SamplingParams(temperature=0, **kw)
         threads = torch.get_num_threads()
@@ -253,6 +253,40 @@ def test_n_seed_and_logprobs(client: openai.OpenAI):
     assert len(content) == chat.usage.completion_tokens
     assert all(len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob >= t.logprob - 1e-6
                for t in content)
+
+
+# ---- structured outputs ------------------------------------------------------------------------
+CITY = {"type": "object", "additionalProperties": False,
+        "properties": {"city": {"type": "string", "maxLength": 24},
+                       "population": {"type": "integer"}},
+        "required": ["city", "population"]}
+
+
+def test_response_format_json_schema_and_json_object(client: openai.OpenAI, llm):
+    messages = [{"role": "user", "content": 'Copy this JSON exactly: {"city": "Paris", '
+                                            '"population": 2100000}'}]
+    text, _, _ = offline_text(llm, messages, max_tokens=48,
+                              structured_outputs=StructuredOutputsParams(json=CITY))
+    resp = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=48, temperature=0,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "city", "schema": CITY, "strict": True}})
+    assert resp.choices[0].message.content == text
+    assert set(json.loads(text)) == {"city", "population"}
+    # json_object, streamed: the deltas add up to one JSON object.
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=48, temperature=0, stream=True,
+        response_format={"type": "json_object"})
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert isinstance(json.loads(streamed), dict)
+
+
+def test_structured_outputs_body_field_on_completions(client: openai.OpenAI):
+    choices = ["yes", "no"]
+    resp = client.completions.create(model=MODEL, prompt="Is the sky green? Answer:",
+                                     max_tokens=8, temperature=1.0, seed=3, n=4,
+                                     extra_body={"structured_outputs": {"choice": choices}})
+    assert all(c.text in choices and c.finish_reason == "stop" for c in resp.choices)
 
 
 # ---- many clients, a third of which hang up --------------------------------------------------

@@ -23,6 +23,7 @@ from specserve.models.loader import load_model
 from specserve.outputs import RequestOutput
 from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.sample.emit import emit_tokens, mask_stops_before_min_tokens
+from specserve.sample.grammar import GrammarBackend, accept_emitted
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode import build_proposer
 from specserve.spec_decode.config import SpeculativeConfig
@@ -129,6 +130,7 @@ class LLMEngine:
         self.spec_policy = self._build_policy(config.speculation_policy)
         self.load_time = time.perf_counter() - t0
         self._next_id = 0
+        self._grammar: GrammarBackend | None = None  # built on the first structured request
 
     def _build_policy(self, name: str, k_max: int | None = None) -> SpecPolicy | None:
         if self.proposer is None:
@@ -194,10 +196,18 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         req = Request(request_id, token_ids, params, self.model_config.eos_token_ids,
                       prompt_text, self.max_model_len)
+        if params.structured_outputs is not None:
+            req.grammar = self._grammar_backend().matcher(params.structured_outputs)
         req.stream = stream or bool(params.stop)
         self.requests[request_id] = req
         self.scheduler.add_request(req)
         return req
+
+    def _grammar_backend(self) -> GrammarBackend:
+        if self._grammar is None:
+            self._grammar = GrammarBackend(self.tokenizer, self.model_config.vocab_size,
+                                           self.model_config.eos_token_ids)
+        return self._grammar
 
     def abort_request(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
@@ -246,6 +256,13 @@ class LLMEngine:
                                              on_forward=on_forward)
         reqs = [r for r, _ in sampling]
         num_spec = [k for _, k in sampling]
+        if self._grammar is not None and any(r.grammar is not None for r in reqs):
+            self._grammar.mask(logits, sampling)
+        # Logprobs are the model's own, as vLLM's default reports them: min_tokens' mask
+        # decides what may be sampled, not what the model thought (the grammar's does count).
+        logprob_logits = logits.clone() if any(
+            r.params.logprobs is not None and r.params.min_tokens > r.num_output_tokens
+            for r in reqs) else logits
         mask_stops_before_min_tokens(logits, sampling)
         emitted = emit_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs],
                               num_spec, [r.spec_token_ids for r in reqs],
@@ -273,10 +290,12 @@ class LLMEngine:
                 self.spec_policy.observe_verification(req, 1, int(hit))
             req.spec_token_ids, req.spec_probs = [], None
             if req.params.logprobs is not None:
-                record_logprobs(req, logits[row:row + len(tokens)], tokens)
+                record_logprobs(req, logprob_logits[row:row + len(tokens)], tokens)
             row += k + 1
             if req.first_token_time is None:
                 req.first_token_time = now
+            if req.grammar is not None:
+                accept_emitted(req, tokens)
             num_before = req.num_output_tokens
             self._append_and_check(req, tokens)
             outputs.append(make_output(req, self.tokenizer, req.num_output_tokens - num_before))

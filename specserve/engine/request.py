@@ -64,6 +64,7 @@ class Request:
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
+        self.grammar = None  # xgrammar GrammarMatcher of a structured-output request
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, float]] = []
         # Detokenizer state (only used for stop strings and streaming).

@@ -146,9 +146,9 @@ class Scheduler:
         and what req shares (cached and in flight) is long enough to wait for. The whole of it
         counts, not just what is left in flight: a request that shares a long prefix waits for
         the rest of it, usually one more step, rather than computing the sharer's last chunk
-        again. Hashes only, no token comparison (find_cached_prefix does
-        that on admission), so that a long queue is cheap to pass over; chained hashes make a
-        match a whole-prefix match, and a collision costs a wait, never wrong KV."""
+        again. Hashes only, no token comparison (find_cached_prefix does that on admission),
+        so that a long queue is cheap to pass over; chained hashes make a match a whole-prefix
+        match, and a collision costs a wait, never wrong KV."""
         cached = self.block_manager.cached
         shared = in_flight = 0
         for h in self.block_manager.prompt_block_hashes(req):

@@ -2,7 +2,8 @@
 
 Scalars are strict: `"max_tokens": "5"` or `"stream": 1` is a 400, not silently coerced. Unknown
 fields are ignored, as OpenAI's API and vLLM do, but known features we do not implement (penalties,
-logit_bias, echo, tools, ...) are refused rather than silently ignored.
+logit_bias, echo, tools, ...) are refused rather than silently ignored. Structured outputs come as
+OpenAI's `response_format` or vLLM's `structured_outputs` body field.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from specserve.sampling_params import SamplingParams
+from specserve.sampling_params import SamplingParams, StructuredOutputsParams
 
 MAX_N = 128  # OpenAI's limit on choices per request
 MAX_LOGPROBS = 20
@@ -62,6 +63,30 @@ class SpeculationOptions(OpenAIModel):
     policy: Literal["off", "static", "adaptive"] | None = None
 
 
+class JsonSchemaFormat(OpenAIModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    json_schema: dict | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsOptions(OpenAIModel):
+    """vLLM's `structured_outputs` extra body field: exactly one constraint."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    json_schema: dict | StrictStr | None = Field(default=None, alias="json")
+    json_object: StrictBool | None = None
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
+    grammar: StrictStr | None = None
+
+
 class SamplingRequest(OpenAIModel):
     """Fields shared by completions and chat completions."""
 
@@ -91,6 +116,9 @@ class SamplingRequest(OpenAIModel):
     speculation: Annotated[SpecTokens | SpeculationOptions | None,
                            one_of("an integer 0..16 or an object with num_speculative_tokens "
                                   "0..16 and/or policy off|static|adaptive")] = None
+    # Structured outputs: OpenAI's response_format, or vLLM's structured_outputs.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsOptions | None = None
 
     @model_validator(mode="after")
     def _check_common(self) -> SamplingRequest:
@@ -101,7 +129,23 @@ class SamplingRequest(OpenAIModel):
                 raise ValueError(f"{name} is not supported")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
+        self._structured_outputs()  # raises for a bad combination
         return self
+
+    def _structured_outputs(self) -> StructuredOutputsParams | None:
+        fmt, so = self.response_format, self.structured_outputs
+        if fmt is not None and fmt.type != "text":
+            if so is not None:
+                raise ValueError("give response_format or structured_outputs, not both")
+            if fmt.type == "json_object":
+                return StructuredOutputsParams(json_object=True)
+            if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+                raise ValueError("response_format json_schema needs json_schema.schema")
+            return StructuredOutputsParams(json=fmt.json_schema.json_schema)
+        if so is None:
+            return None
+        return StructuredOutputsParams(json=so.json_schema, json_object=so.json_object,
+                                       regex=so.regex, choice=so.choice, grammar=so.grammar)
 
     @property
     def include_usage(self) -> bool:
@@ -120,7 +164,8 @@ class SamplingRequest(OpenAIModel):
             ignore_eos=self.ignore_eos, logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            num_speculative_tokens=spec, speculation_policy=policy)
+            num_speculative_tokens=spec, speculation_policy=policy,
+            structured_outputs=self._structured_outputs())
 
 
 class CompletionRequest(SamplingRequest):
@@ -192,7 +237,6 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list[dict] | None = None
     tool_choice: StrictStr | dict | None = None
-    response_format: dict | None = None
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:
@@ -200,8 +244,6 @@ class ChatCompletionRequest(SamplingRequest):
             raise ValueError("top_logprobs requires logprobs to be true")
         if self.tools or self.tool_choice not in (None, "none", "auto"):
             raise ValueError("tools are not supported")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise ValueError("only response_format {\"type\": \"text\"} is supported")
         return self
 
     @property

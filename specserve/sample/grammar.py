@@ -1,0 +1,101 @@
+"""Structured outputs: constrain a request's tokens to a JSON schema, a regex, a list of choices or
+an EBNF grammar, with xgrammar (as vLLM and SGLang do).
+
+Each constrained request carries a grammar matcher that has accepted its output so far. Before
+sampling, every row a request samples from gets the matcher's token bitmask: disallowed tokens
+go to -inf in the logits that greedy decoding, random sampling and the rejection sampler all
+read. A request verifying K draft tokens has K + 1 rows: row j is masked for the state after
+drafts 0..j-1, found by advancing the matcher through them and rolling it back afterwards. A
+draft token the grammar forbids has probability 0 under its row, so it is rejected, and the rows
+after it are never read. The verification stays lossless against constrained decoding.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from specserve.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from specserve.engine.request import Request
+
+
+class GrammarBackend:
+    """One per engine: the tokenizer's vocabulary as xgrammar sees it and a compiler whose
+    cache makes a repeated schema free. xgrammar is imported on the first constrained request,
+    so an engine that never sees one never loads it."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        import xgrammar as xgr
+
+        self._xgr = xgr
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=list(eos_token_ids))
+        self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+        self._eos = list(eos_token_ids)
+        self.vocab_size = vocab_size
+
+    def matcher(self, spec: StructuredOutputsParams):
+        """A fresh matcher for one request. Raises ValueError for a schema, regex or grammar
+        that does not compile; nothing is queued then."""
+        c = self._compiler
+        try:
+            if spec.json is not None:
+                schema = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)
+                compiled = c.compile_json_schema(schema)
+            elif spec.json_object:
+                compiled = c.compile_builtin_json_grammar()
+            elif spec.regex is not None:
+                compiled = c.compile_regex(spec.regex)
+            elif spec.choice is not None:
+                # ensure_ascii=False: EBNF string literals take the characters themselves.
+                compiled = c.compile_grammar(
+                    "root ::= " + " | ".join(json.dumps(s, ensure_ascii=False)
+                                             for s in spec.choice))
+            else:
+                compiled = c.compile_grammar(spec.grammar)
+        except Exception as exc:  # xgrammar raises RuntimeError and its own types
+            raise ValueError(f"structured_outputs {spec.kind} does not compile: "
+                             f"{str(exc).strip()}") from exc
+        # The model's EOS ends a completed grammar whatever the request's own stop ids are.
+        return self._xgr.GrammarMatcher(compiled, override_stop_tokens=self._eos)
+
+    def mask(self, logits: torch.Tensor, sampling: list[tuple[Request, int]]) -> None:
+        """Mask, in place, every row a constrained request samples from this step. sampling:
+        (request, K) in row order, K + 1 rows each."""
+        xgr = self._xgr
+        bitmask = xgr.allocate_token_bitmask(logits.shape[0], self.vocab_size)
+        rows: list[int] = []
+        row = 0
+        for req, k in sampling:
+            matcher = req.grammar
+            # A terminated matcher (EOS emitted under ignore_eos) constrains nothing more.
+            if matcher is not None and not matcher.is_terminated():
+                matcher.fill_next_token_bitmask(bitmask, row)
+                rows.append(row)
+                advanced = 0
+                for j, token in enumerate(req.spec_token_ids[:k]):
+                    if matcher.is_terminated() or not matcher.accept_token(token):
+                        break  # draft j is rejected: rows after it are never read
+                    advanced += 1
+                    if matcher.is_terminated():
+                        break
+                    matcher.fill_next_token_bitmask(bitmask, row + j + 1)
+                    rows.append(row + j + 1)
+                if advanced:
+                    matcher.rollback(advanced)
+            row += k + 1
+        if rows:
+            with torch.inference_mode():  # the runner made logits under it
+                xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+
+
+def accept_emitted(req: Request, tokens: list[int]) -> None:
+    """Advance a constrained request's matcher over the tokens it emitted this step."""
+    matcher = req.grammar
+    for token in tokens:
+        if matcher.is_terminated() or not matcher.accept_token(token):
+            return  # only after the grammar completed (ignore_eos): nothing left to constrain

@@ -1,0 +1,150 @@
+"""Structured outputs (xgrammar) in the engine: every constraint kind holds on the real model, a
+constraint does not leak into the other requests of a batch, speculative verification under a
+grammar stays lossless, and bad specs are refused before anything is queued."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+from specserve import LLM, SamplingParams, StructuredOutputsParams
+from specserve.engine.request import Request
+
+CITY = {"type": "object", "additionalProperties": False,
+        "properties": {"city": {"type": "string", "maxLength": 24},
+                       "population": {"type": "integer"}, "capital": {"type": "boolean"}},
+        "required": ["city", "population", "capital"]}
+COPY_CITY = ('Copy this record: {"city": "Paris", "population": 2100000, "capital": true}\n'
+             "Now the record for Lyon:")
+PHONE = r"\(\d{3}\) \d{3}-\d{4}"
+CHOICES = ["yes", "no", "maybe so"]
+
+# (prompt, constraint, check of the text)
+CASES = [
+    (COPY_CITY, StructuredOutputsParams(json=CITY),
+     lambda t: set(json.loads(t)) == set(CITY["required"])
+     and isinstance(json.loads(t)["population"], int)),
+    ("Return a JSON object with the keys name and age for Ann, 31.",
+     StructuredOutputsParams(json_object=True), lambda t: isinstance(json.loads(t), dict)),
+    ("The office phone number is", StructuredOutputsParams(regex=PHONE),
+     lambda t: re.fullmatch(PHONE, t) is not None),
+    ("Is the sky green? Answer:", StructuredOutputsParams(choice=CHOICES),
+     lambda t: t in CHOICES),
+    ("My favourite colour is", StructuredOutputsParams(grammar='root ::= "red" | "blue"'),
+     lambda t: t in ("red", "blue")),
+]
+
+
+def _params(spec: StructuredOutputsParams | None, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=64, structured_outputs=spec, **kw)
+
+
+@pytest.fixture(scope="module")
+def constrained(llm) -> list:
+    return [o.outputs[0] for o in llm.generate([p for p, _, _ in CASES],
+                                               [_params(s) for _, s, _ in CASES])]
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[s.kind for _, s, _ in CASES])
+def test_output_obeys_its_constraint(constrained, i: int):
+    out = constrained[i]
+    assert out.finish_reason == "stop", out.text  # the grammar completed, then EOS
+    assert CASES[i][2](out.text), out.text
+
+
+def test_unconstrained_reply_differs(llm, constrained):
+    """The checks above are not satisfied by the model's free reply anyway."""
+    free = llm.generate([CASES[2][0]], _params(None))[0].outputs[0].text
+    assert re.fullmatch(PHONE, free) is None and free != constrained[2].text
+
+
+def test_constraints_do_not_leak_across_a_batch(llm, constrained):
+    """Constrained and free requests in one batch: each gets what it gets alone."""
+    free_prompts = ["The capital of France is", "def fibonacci(n):\n    "]
+    alone = [o.outputs[0].token_ids for o in llm.generate(free_prompts, _params(None))]
+    prompts = [p for p, _, _ in CASES] + free_prompts
+    params = [_params(s) for _, s, _ in CASES] + [_params(None)] * 2
+    outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert outs == [c.token_ids for c in constrained] + alone
+
+
+@pytest.mark.parametrize("config", [
+    {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+    {"method": "draft", "num_speculative_tokens": 3, "draft_layers": 2},
+], ids=["ngram", "self-draft"])
+def test_speculation_under_a_grammar_is_lossless(llm, constrained, config):
+    """Every draft is verified against the masked distribution: greedy output equals
+    constrained decoding without speculation, and drafts were really verified."""
+    spec = LLM(dtype="float32", speculative_config=config, speculation_policy="static")
+    outs = spec.generate([p for p, _, _ in CASES], [_params(s) for _, s, _ in CASES])
+    assert [o.outputs[0].token_ids for o in outs] == [c.token_ids for c in constrained]
+    stats = spec.get_stats()
+    assert stats["num_draft_tokens"] > 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def test_sampled_outputs_obey_the_grammar_under_speculation():
+    spec = LLM(dtype="float32", speculation_policy="static",
+               speculative_config={"method": "draft", "num_speculative_tokens": 3,
+                                   "draft_layers": 2})
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=24,
+                             structured_outputs=StructuredOutputsParams(regex=PHONE))
+              for s in range(8)]
+    outs = spec.generate(["Call us at"] * 8, params)
+    assert all(re.fullmatch(PHONE, o.outputs[0].text) for o in outs)
+    assert len({o.outputs[0].text for o in outs}) > 1  # really sampled
+
+
+def test_verification_rows_are_masked_for_the_state_after_each_draft(llm):
+    """Row j of a request verifying K drafts allows what the grammar allows after drafts
+    0..j-1; the matcher is left where it was."""
+    engine = llm.engine
+    tok = llm.get_tokenizer()
+    spec = StructuredOutputsParams(grammar='root ::= "ab" "cd"')
+    backend = engine._grammar_backend()
+    req = Request("mask-test", [1, 2, 3], SamplingParams(structured_outputs=spec))
+    req.grammar = backend.matcher(spec)
+    ids = [tok.convert_tokens_to_ids(t) for t in ("ab", "cd")]
+    req.spec_token_ids = [ids[0], ids[1]]
+    logits = torch.zeros(3, engine.model_config.vocab_size)
+    backend.mask(logits, [(req, 2)])
+    allowed = [set(torch.isfinite(row).nonzero().flatten().tolist()) for row in logits]
+    assert ids[0] in allowed[0] and ids[1] not in allowed[0]
+    assert ids[1] in allowed[1] and ids[0] not in allowed[1]
+    assert allowed[2] == set(engine.model_config.eos_token_ids)  # complete: only EOS
+    # The matcher was rolled back: the first row's mask again.
+    again = torch.zeros(1, engine.model_config.vocab_size)
+    req.spec_token_ids = []
+    backend.mask(again, [(req, 0)])
+    assert set(torch.isfinite(again[0]).nonzero().flatten().tolist()) == allowed[0]
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({}, "exactly one"),
+    ({"regex": "a+", "choice": ["a"]}, "exactly one"),
+    ({"json": "{not json"}, "not valid JSON"),
+    ({"json": 5}, "JSON schema"),
+    ({"choice": []}, "non-empty list"),
+    ({"choice": ["a", ""]}, "non-empty list"),
+    ({"regex": ""}, "non-empty string"),
+])
+def test_bad_structured_outputs_params(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        StructuredOutputsParams(**kwargs)
+
+
+@pytest.mark.parametrize("spec", [
+    StructuredOutputsParams(regex="(unclosed"),
+    StructuredOutputsParams(grammar="root ::= undefined_rule"),
+    StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": 12}}}),
+], ids=["regex", "grammar", "schema"])
+def test_a_spec_that_does_not_compile_is_refused_and_nothing_is_queued(llm, spec):
+    before = llm.get_stats()["kv_blocks_free"]
+    with pytest.raises(ValueError, match="does not compile"):
+        llm.generate(["Hello"], _params(spec))
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.get_stats()["kv_blocks_free"] == before
+    assert llm.generate(["Hello"], _params(None))[0].outputs[0].token_ids  # still serving
