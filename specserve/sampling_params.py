@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json as _json
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -19,16 +19,19 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    # JSON only: no whitespace beyond what the separators need (a small model may otherwise
+    # fill max_tokens with it).
+    disable_any_whitespace: bool = False
 
     def __post_init__(self) -> None:
-        set_fields = [f.name for f in fields(self) if getattr(self, f.name) not in (None, False)]
+        set_fields = [name for name in _CONSTRAINTS if getattr(self, name) not in (None, False)]
         if len(set_fields) != 1:
             raise ValueError("structured_outputs takes exactly one of json, json_object, regex, "
                              f"choice, grammar; got {set_fields or 'none'}")
         if isinstance(self.json, str):
             try:
                 _json.loads(self.json)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
                 raise ValueError(f"structured_outputs json is not valid JSON: {exc}") from None
         elif self.json is not None and not isinstance(self.json, dict):
             raise ValueError("structured_outputs json must be a JSON schema (a dict or a string)")
@@ -45,7 +48,10 @@ class StructuredOutputsParams:
 
     @property
     def kind(self) -> str:
-        return next(f.name for f in fields(self) if getattr(self, f.name) not in (None, False))
+        return next(name for name in _CONSTRAINTS if getattr(self, name) not in (None, False))
+
+
+_CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar")
 
 
 @dataclass(slots=True)

@@ -256,10 +256,11 @@ def test_n_seed_and_logprobs(client: openai.OpenAI):
 
 
 # ---- structured outputs ------------------------------------------------------------------------
+# The free reply to the prompt below copies its JSON; the schema asks for other keys.
 CITY = {"type": "object", "additionalProperties": False,
         "properties": {"city": {"type": "string", "maxLength": 24},
-                       "population": {"type": "integer"}},
-        "required": ["city", "population"]}
+                       "country": {"enum": ["France", "Spain"]}},
+        "required": ["city", "country"]}
 
 
 def test_response_format_json_schema_and_json_object(client: openai.OpenAI, llm):
@@ -272,7 +273,7 @@ def test_response_format_json_schema_and_json_object(client: openai.OpenAI, llm)
         response_format={"type": "json_schema",
                          "json_schema": {"name": "city", "schema": CITY, "strict": True}})
     assert resp.choices[0].message.content == text
-    assert set(json.loads(text)) == {"city", "population"}
+    assert set(json.loads(text)) == {"city", "country"}
     # json_object, streamed: the deltas add up to one JSON object.
     stream = client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=48, temperature=0, stream=True,
@@ -281,11 +282,14 @@ def test_response_format_json_schema_and_json_object(client: openai.OpenAI, llm)
     assert isinstance(json.loads(streamed), dict)
 
 
-def test_structured_outputs_body_field_on_completions(client: openai.OpenAI):
+@pytest.mark.parametrize("field", ["structured_outputs", "guided_choice"])
+def test_structured_outputs_body_field_on_completions(client: openai.OpenAI, field: str):
     choices = ["yes", "no"]
+    body = {"structured_outputs": {"choice": choices}} if field == "structured_outputs" \
+        else {"guided_choice": choices}  # vLLM's older name
     resp = client.completions.create(model=MODEL, prompt="Is the sky green? Answer:",
                                      max_tokens=8, temperature=1.0, seed=3, n=4,
-                                     extra_body={"structured_outputs": {"choice": choices}})
+                                     extra_body=body)
     assert all(c.text in choices and c.finish_reason == "stop" for c in resp.choices)
 
 

@@ -5,6 +5,7 @@ grammar stays lossless, and bad specs are refused before anything is queued."""
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import pytest
@@ -39,7 +40,8 @@ CASES = [
 
 
 def _params(spec: StructuredOutputsParams | None, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=64, structured_outputs=spec, **kw)
+    return SamplingParams(**{"temperature": 0, "max_tokens": 64, "structured_outputs": spec,
+                             **kw})
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +85,8 @@ def test_speculation_under_a_grammar_is_lossless(llm, constrained, config):
     assert [o.outputs[0].token_ids for o in outs] == [c.token_ids for c in constrained]
     stats = spec.get_stats()
     assert stats["num_draft_tokens"] > 0
+    if config["method"] == "ngram":  # the record to copy is in the prompt
+        assert stats["num_accepted_tokens"] > 0
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
@@ -98,28 +102,82 @@ def test_sampled_outputs_obey_the_grammar_under_speculation():
     assert len({o.outputs[0].text for o in outs}) > 1  # really sampled
 
 
+def _masked_rows(llm, drafts: list[str], grammar: str = 'root ::= "ab" "cd"'):
+    """The allowed token ids of each row of one request verifying `drafts` under `grammar`,
+    and its matcher's first-row mask afterwards (to show it was rolled back)."""
+    engine, tok = llm.engine, llm.get_tokenizer()
+    spec = StructuredOutputsParams(grammar=grammar)
+    backend = engine._grammar_backend()
+    req = Request("mask-test", [1, 2, 3], SamplingParams(structured_outputs=spec))
+    req.grammar = backend.matcher(spec, set())
+    req.spec_token_ids = [t if isinstance(t, int) else tok.convert_tokens_to_ids(t)
+                          for t in drafts]
+    vocab = engine.model_config.vocab_size
+    logits = torch.zeros(len(drafts) + 1, vocab)
+    backend.mask(logits, [(req, len(drafts))])
+    req.spec_token_ids = []
+    again = torch.zeros(1, vocab)
+    backend.mask(again, [(req, 0)])
+    allowed = [set(torch.isfinite(row).nonzero().flatten().tolist()) for row in logits]
+    return allowed, set(torch.isfinite(again[0]).nonzero().flatten().tolist())
+
+
 def test_verification_rows_are_masked_for_the_state_after_each_draft(llm):
     """Row j of a request verifying K drafts allows what the grammar allows after drafts
     0..j-1; the matcher is left where it was."""
-    engine = llm.engine
     tok = llm.get_tokenizer()
-    spec = StructuredOutputsParams(grammar='root ::= "ab" "cd"')
-    backend = engine._grammar_backend()
-    req = Request("mask-test", [1, 2, 3], SamplingParams(structured_outputs=spec))
-    req.grammar = backend.matcher(spec)
-    ids = [tok.convert_tokens_to_ids(t) for t in ("ab", "cd")]
-    req.spec_token_ids = [ids[0], ids[1]]
-    logits = torch.zeros(3, engine.model_config.vocab_size)
-    backend.mask(logits, [(req, 2)])
-    allowed = [set(torch.isfinite(row).nonzero().flatten().tolist()) for row in logits]
-    assert ids[0] in allowed[0] and ids[1] not in allowed[0]
-    assert ids[1] in allowed[1] and ids[0] not in allowed[1]
-    assert allowed[2] == set(engine.model_config.eos_token_ids)  # complete: only EOS
-    # The matcher was rolled back: the first row's mask again.
-    again = torch.zeros(1, engine.model_config.vocab_size)
-    req.spec_token_ids = []
-    backend.mask(again, [(req, 0)])
-    assert set(torch.isfinite(again[0]).nonzero().flatten().tolist()) == allowed[0]
+    ab, cd = tok.convert_tokens_to_ids("ab"), tok.convert_tokens_to_ids("cd")
+    eos = set(llm.engine.model_config.eos_token_ids)
+    allowed, after = _masked_rows(llm, ["ab", "cd"])
+    assert ab in allowed[0] and cd not in allowed[0]
+    assert cd in allowed[1] and ab not in allowed[1]
+    assert allowed[2] == eos  # complete: only EOS
+    assert after == allowed[0]  # rolled back
+    # A forbidden draft: its own row forbids it (so it is rejected); the rows after it are
+    # left unmasked, since they are never read.
+    allowed, after = _masked_rows(llm, ["cd", "ab"])
+    assert cd not in allowed[0] and len(allowed[1]) == len(allowed[2]) == tok_vocab(llm)
+    assert after == allowed[0]
+    # A draft that ends the output (EOS after a completed grammar): nothing after it is masked.
+    allowed, after = _masked_rows(llm, ["ab", "cd", min(eos), "ab"])
+    assert allowed[2] == eos and len(allowed[3]) == len(allowed[4]) == tok_vocab(llm)
+    assert after == allowed[0]
+
+
+def tok_vocab(llm) -> int:
+    return llm.engine.model_config.vocab_size
+
+
+def test_a_completed_grammar_ends_the_output_despite_min_tokens(llm):
+    """min_tokens masks stop tokens, but a completed grammar allows nothing else: the grammar
+    wins, the output ends at its EOS (not with a token from an all -inf row)."""
+    params = SamplingParams(temperature=0, max_tokens=20, min_tokens=10,
+                            structured_outputs=StructuredOutputsParams(choice=CHOICES))
+    out = llm.generate([CASES[3][0]], params)[0].outputs[0]
+    assert out.text in CHOICES and out.finish_reason == "stop"
+    assert out.token_ids[-1] in llm.engine.model_config.eos_token_ids
+    assert len(out.token_ids) < 10
+
+
+def test_json_object_means_an_object_not_an_array(llm):
+    """OpenAI's json_object is an object; xgrammar's built-in JSON grammar also admits arrays."""
+    backend = llm.engine._grammar_backend()
+    req = Request("object-test", [1], SamplingParams())
+    req.grammar = backend.matcher(StructuredOutputsParams(json_object=True), set())
+    logits = torch.zeros(1, llm.engine.model_config.vocab_size)
+    backend.mask(logits, [(req, 0)])
+    tok = llm.get_tokenizer()
+    assert torch.isfinite(logits[0, tok.convert_tokens_to_ids("{")])
+    assert not torch.isfinite(logits[0, tok.convert_tokens_to_ids("[")])
+
+
+def test_top_logprobs_under_a_grammar_are_finite(llm):
+    """Two choices allow fewer tokens than the 10 top logprobs asked for: no -inf entries."""
+    params = SamplingParams(temperature=0, max_tokens=8, logprobs=10,
+                            structured_outputs=StructuredOutputsParams(choice=["yes", "no"]))
+    out = llm.generate([CASES[3][0]], params)[0].outputs[0]
+    assert all(math.isfinite(v) for entry in out.logprobs for v in entry.values())
+    assert len(out.logprobs[0]) < 10
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -130,6 +188,7 @@ def test_verification_rows_are_masked_for_the_state_after_each_draft(llm):
     ({"choice": []}, "non-empty list"),
     ({"choice": ["a", ""]}, "non-empty list"),
     ({"regex": ""}, "non-empty string"),
+    ({"json": "[" * 100_000}, "not valid JSON"),  # nested too deep: RecursionError inside
 ])
 def test_bad_structured_outputs_params(kwargs, message):
     with pytest.raises(ValueError, match=message):

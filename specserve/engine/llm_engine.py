@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -131,6 +132,7 @@ class LLMEngine:
         self.load_time = time.perf_counter() - t0
         self._next_id = 0
         self._grammar: GrammarBackend | None = None  # built on the first structured request
+        self._grammar_lock = threading.Lock()
 
     def _build_policy(self, name: str, k_max: int | None = None) -> SpecPolicy | None:
         if self.proposer is None:
@@ -197,17 +199,25 @@ class LLMEngine:
         req = Request(request_id, token_ids, params, self.model_config.eos_token_ids,
                       prompt_text, self.max_model_len)
         if params.structured_outputs is not None:
-            req.grammar = self._grammar_backend().matcher(params.structured_outputs)
+            req.grammar = self._grammar_backend().matcher(params.structured_outputs,
+                                                          req.stop_token_ids)
         req.stream = stream or bool(params.stop)
         self.requests[request_id] = req
         self.scheduler.add_request(req)
         return req
 
     def _grammar_backend(self) -> GrammarBackend:
-        if self._grammar is None:
-            self._grammar = GrammarBackend(self.tokenizer, self.model_config.vocab_size,
-                                           self.model_config.eos_token_ids)
-        return self._grammar
+        with self._grammar_lock:  # the server compiles on other threads (compile_grammar)
+            if self._grammar is None:
+                self._grammar = GrammarBackend(self.tokenizer, self.model_config.vocab_size,
+                                               self.model_config.eos_token_ids)
+            return self._grammar
+
+    def compile_grammar(self, params: SamplingParams) -> None:
+        """Compile a request's structured-outputs spec into the cache, from any thread; then
+        add_request finds it compiled. Raises ValueError for a spec that does not compile."""
+        if params.structured_outputs is not None:
+            self._grammar_backend().compile(params.structured_outputs)
 
     def abort_request(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)

@@ -16,7 +16,9 @@ def record_logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> No
         entry = {token: float(lp[token])}
         if req.params.logprobs:
             top = lp.topk(req.params.logprobs)
-            entry.update(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+            # Under a grammar fewer tokens than asked for may be possible: no -inf entries.
+            entry.update((t, v) for t, v in zip(top.indices.tolist(), top.values.tolist(),
+                                                strict=True) if v != float("-inf"))
         req.logprobs.append(entry)
         req.cumulative_logprob += entry[token]
 
@@ -24,7 +26,8 @@ def record_logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> No
 def check_stop(req: Request, token: int, tokenizer, eos_token_ids: tuple[int, ...]
                ) -> RequestStatus | None:
     """After `token` was appended: the finished status if a stop condition is met."""
-    if token in req.stop_token_ids and req.num_output_tokens > req.params.min_tokens:
+    if token in req.stop_token_ids and (req.num_output_tokens > req.params.min_tokens
+                                        or _grammar_completed(req)):
         req.stop_reason = None if token in eos_token_ids else token
         return RequestStatus.FINISHED_STOPPED
     if req.stream:
@@ -38,6 +41,12 @@ def check_stop(req: Request, token: int, tokenizer, eos_token_ids: tuple[int, ..
     if req.num_output_tokens >= req.max_tokens:
         return RequestStatus.FINISHED_LENGTH
     return None
+
+
+def _grammar_completed(req: Request) -> bool:
+    """A structured output whose grammar accepted its stop token ends there, min_tokens or not
+    (the grammar allowed nothing else)."""
+    return req.grammar is not None and req.grammar.is_terminated()
 
 
 def make_output(req: Request, tokenizer, num_new: int) -> RequestOutput:

@@ -27,7 +27,15 @@ def mask_stops_before_min_tokens(logits: torch.Tensor, sampling: list) -> None:
             ids = torch.tensor(sorted(t for t in req.stop_token_ids if t < vocab),
                                dtype=torch.long)
             with torch.inference_mode():  # the runner made logits under it
-                logits[row:row + min(k + 1, left), ids] = float("-inf")
+                rows = logits[row:row + min(k + 1, left)]  # a view
+                stops = rows[:, ids]  # a copy
+                masked = torch.full_like(stops, float("-inf"))
+                if req.grammar is not None:
+                    # A completed grammar allows only stop tokens: there it wins over
+                    # min_tokens (masking them too would leave nothing to sample).
+                    only_stops = torch.isfinite(rows).sum(-1) == torch.isfinite(stops).sum(-1)
+                    masked = torch.where(only_stops.unsqueeze(1), stops, masked)
+                rows[:, ids] = masked
         row += k + 1
 
 

@@ -13,6 +13,7 @@ after it are never read. The verification stays lossless against constrained dec
 from __future__ import annotations
 
 import json
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,11 +23,18 @@ from specserve.sampling_params import StructuredOutputsParams
 if TYPE_CHECKING:
     from specserve.engine.request import Request
 
+logger = logging.getLogger(__name__)
+
+# Compiled grammars are cached by spec (a repeated schema compiles once); bounded, because a
+# server may see any number of distinct schemas.
+GRAMMAR_CACHE_BYTES = 64 * 2**20
+
 
 class GrammarBackend:
     """One per engine: the tokenizer's vocabulary as xgrammar sees it and a compiler whose
     cache makes a repeated schema free. xgrammar is imported on the first constrained request,
-    so an engine that never sees one never loads it."""
+    so an engine that never sees one never loads it. `compile` may run on any thread (the
+    server compiles off the engine thread, so a slow schema never stalls a step)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: tuple[int, ...]):
         import xgrammar as xgr
@@ -34,34 +42,44 @@ class GrammarBackend:
         self._xgr = xgr
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=list(eos_token_ids))
-        self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=2,
+                                             cache_limit_bytes=GRAMMAR_CACHE_BYTES)
         self._eos = list(eos_token_ids)
         self.vocab_size = vocab_size
 
-    def matcher(self, spec: StructuredOutputsParams):
-        """A fresh matcher for one request. Raises ValueError for a schema, regex or grammar
-        that does not compile; nothing is queued then."""
+    def compile(self, spec: StructuredOutputsParams):
+        """The compiled grammar (cached). Raises ValueError for a schema, regex or grammar
+        that does not compile."""
         c = self._compiler
         try:
             if spec.json is not None:
                 schema = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)
-                compiled = c.compile_json_schema(schema)
-            elif spec.json_object:
-                compiled = c.compile_builtin_json_grammar()
-            elif spec.regex is not None:
-                compiled = c.compile_regex(spec.regex)
-            elif spec.choice is not None:
+                return c.compile_json_schema(schema,
+                                             any_whitespace=not spec.disable_any_whitespace)
+            if spec.json_object:
+                # Any JSON *object*: xgrammar's built-in JSON grammar admits arrays too.
+                return c.compile_json_schema('{"type": "object"}',
+                                             any_whitespace=not spec.disable_any_whitespace)
+            if spec.regex is not None:
+                return c.compile_regex(spec.regex)
+            if spec.choice is not None:
                 # ensure_ascii=False: EBNF string literals take the characters themselves.
-                compiled = c.compile_grammar(
-                    "root ::= " + " | ".join(json.dumps(s, ensure_ascii=False)
-                                             for s in spec.choice))
-            else:
-                compiled = c.compile_grammar(spec.grammar)
+                alternatives = " | ".join(json.dumps(s, ensure_ascii=False)
+                                          for s in spec.choice)
+                return c.compile_grammar(f"root ::= {alternatives}")
+            return c.compile_grammar(spec.grammar)
         except Exception as exc:  # xgrammar raises RuntimeError and its own types
             raise ValueError(f"structured_outputs {spec.kind} does not compile: "
                              f"{str(exc).strip()}") from exc
-        # The model's EOS ends a completed grammar whatever the request's own stop ids are.
-        return self._xgr.GrammarMatcher(compiled, override_stop_tokens=self._eos)
+
+    def matcher(self, spec: StructuredOutputsParams, stop_token_ids: set[int]):
+        """A fresh matcher for one request. A completed grammar lets the model's EOS and the
+        request's own stop ids end the output."""
+        stops = sorted(set(self._eos) | stop_token_ids)
+        if not stops:
+            raise ValueError("structured_outputs needs a stop token to end the output: the "
+                             "model has no EOS and the request no stop_token_ids")
+        return self._xgr.GrammarMatcher(self.compile(spec), override_stop_tokens=stops)
 
     def mask(self, logits: torch.Tensor, sampling: list[tuple[Request, int]]) -> None:
         """Mask, in place, every row a constrained request samples from this step. sampling:
@@ -77,16 +95,18 @@ class GrammarBackend:
                 matcher.fill_next_token_bitmask(bitmask, row)
                 rows.append(row)
                 advanced = 0
-                for j, token in enumerate(req.spec_token_ids[:k]):
-                    if matcher.is_terminated() or not matcher.accept_token(token):
-                        break  # draft j is rejected: rows after it are never read
-                    advanced += 1
-                    if matcher.is_terminated():
-                        break
-                    matcher.fill_next_token_bitmask(bitmask, row + j + 1)
-                    rows.append(row + j + 1)
-                if advanced:
-                    matcher.rollback(advanced)
+                try:
+                    for j, token in enumerate(req.spec_token_ids[:k]):
+                        if not matcher.accept_token(token):
+                            break  # draft j is rejected: rows after it are never read
+                        advanced += 1
+                        if matcher.is_terminated():
+                            break  # draft j was a stop token: the output ends there
+                        matcher.fill_next_token_bitmask(bitmask, row + j + 1)
+                        rows.append(row + j + 1)
+                finally:
+                    if advanced:
+                        matcher.rollback(advanced)
             row += k + 1
         if rows:
             with torch.inference_mode():  # the runner made logits under it
@@ -97,5 +117,11 @@ def accept_emitted(req: Request, tokens: list[int]) -> None:
     """Advance a constrained request's matcher over the tokens it emitted this step."""
     matcher = req.grammar
     for token in tokens:
-        if matcher.is_terminated() or not matcher.accept_token(token):
-            return  # only after the grammar completed (ignore_eos): nothing left to constrain
+        if matcher.is_terminated():
+            return  # EOS was emitted under ignore_eos: the rest is unconstrained
+        if not matcher.accept_token(token):
+            # Cannot happen while the masks hold; if it does, say so rather than drift.
+            logger.warning("request %s emitted token %d that its grammar refuses; the rest "
+                           "of its output is unconstrained", req.request_id, token)
+            req.grammar = None
+            return

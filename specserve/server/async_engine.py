@@ -252,6 +252,11 @@ class AsyncEngine:
         the text so far (incremental detokenization); otherwise only the final one has text.
         Raises ValueError for input the engine refuses, QueueFullError past the admission
         limit, EngineClosedError at shutdown."""
+        # Structured outputs compile here, off the engine thread, so that a slow schema never
+        # stalls a step; the engine then finds them in its compiler's cache.
+        for p in {id(p.structured_outputs): p for p in params
+                  if p.structured_outputs is not None}.values():
+            await asyncio.to_thread(self.engine.compile_grammar, p)
         if self.dead is not None:
             raise EngineDeadError("the engine has stopped after an error")
         if not self.accepting:

@@ -85,6 +85,7 @@ class StructuredOutputsOptions(OpenAIModel):
     regex: StrictStr | None = None
     choice: list[StrictStr] | None = None
     grammar: StrictStr | None = None
+    disable_any_whitespace: StrictBool = False
 
 
 class SamplingRequest(OpenAIModel):
@@ -119,6 +120,11 @@ class SamplingRequest(OpenAIModel):
     # Structured outputs: OpenAI's response_format, or vLLM's structured_outputs.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsOptions | None = None
+    # vLLM's older names for the same constraints, still sent by code written for it.
+    guided_json: dict | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None
 
     @model_validator(mode="after")
     def _check_common(self) -> SamplingRequest:
@@ -134,9 +140,17 @@ class SamplingRequest(OpenAIModel):
 
     def _structured_outputs(self) -> StructuredOutputsParams | None:
         fmt, so = self.response_format, self.structured_outputs
+        guided = {name: getattr(self, f"guided_{name}")
+                  for name in ("json", "regex", "choice", "grammar")
+                  if getattr(self, f"guided_{name}") is not None}
+        given = [name for name, on in (("response_format", fmt is not None and fmt.type != "text"),
+                                       ("structured_outputs", so is not None),
+                                       ("guided_*", bool(guided))) if on]
+        if len(given) > 1:
+            raise ValueError(f"give one of {' and '.join(given)}, not both")
+        if guided:
+            return StructuredOutputsParams(**guided)
         if fmt is not None and fmt.type != "text":
-            if so is not None:
-                raise ValueError("give response_format or structured_outputs, not both")
             if fmt.type == "json_object":
                 return StructuredOutputsParams(json_object=True)
             if fmt.json_schema is None or fmt.json_schema.json_schema is None:
@@ -145,7 +159,8 @@ class SamplingRequest(OpenAIModel):
         if so is None:
             return None
         return StructuredOutputsParams(json=so.json_schema, json_object=so.json_object,
-                                       regex=so.regex, choice=so.choice, grammar=so.grammar)
+                                       regex=so.regex, choice=so.choice, grammar=so.grammar,
+                                       disable_any_whitespace=so.disable_any_whitespace)
 
     @property
     def include_usage(self) -> bool:
