@@ -74,6 +74,11 @@ class SamplingParams:
     # None: the engine's policy; "off" | "static" | "adaptive" for this request alone.
     speculation_policy: str | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    # vLLM's / OpenAI's logit processing (sample/penalties.py).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -124,6 +129,19 @@ class SamplingParams:
         k = self.num_speculative_tokens
         if k is not None and (not isinstance(k, int) or k < 0 or k > 16):
             bad(f"num_speculative_tokens must be in 0..16, got {k!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not -2 <= value <= 2:
+                bad(f"{name} must be in [-2, 2], got {value!r}")
+        if (not isinstance(self.repetition_penalty, (int, float))
+                or not 0 < self.repetition_penalty < math.inf):
+            bad(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        if self.logit_bias is not None and (
+                not isinstance(self.logit_bias, dict)
+                or any(not isinstance(t, int) or t < 0 for t in self.logit_bias)
+                or any(not isinstance(v, (int, float)) or not math.isfinite(v)
+                       for v in self.logit_bias.values())):
+            bad("logit_bias must map token ids (integers >= 0) to finite numbers")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs,
                                                                   StructuredOutputsParams):
             bad("structured_outputs must be a StructuredOutputsParams")

@@ -255,6 +255,18 @@ def test_n_seed_and_logprobs(client: openai.OpenAI):
                for t in content)
 
 
+def test_penalties_and_logit_bias(client: openai.OpenAI, llm):
+    kw = dict(max_tokens=12, presence_penalty=0.5, frequency_penalty=0.5,
+              extra_body={"repetition_penalty": 1.2, "ignore_eos": True})
+    text, _, _ = offline_text(llm, PROMPTS[1], max_tokens=12, presence_penalty=0.5,
+                              frequency_penalty=0.5, repetition_penalty=1.2, ignore_eos=True)
+    resp = client.completions.create(model=MODEL, prompt=PROMPTS[1], temperature=0, **kw)
+    assert resp.choices[0].text == text
+    forced = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=3,
+                                       temperature=0, logit_bias={"42": 100})
+    assert forced.choices[0].text == llm.get_tokenizer().decode([42] * 3)
+
+
 # ---- structured outputs ------------------------------------------------------------------------
 # The free reply to the prompt below copies its JSON; the schema asks for other keys.
 CITY = {"type": "object", "additionalProperties": False,

@@ -25,6 +25,7 @@ from specserve.outputs import RequestOutput
 from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.sample.emit import emit_tokens, mask_stops_before_min_tokens
 from specserve.sample.grammar import GrammarBackend, accept_emitted
+from specserve.sample.penalties import apply_penalties
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode import build_proposer
 from specserve.spec_decode.config import SpeculativeConfig
@@ -188,6 +189,9 @@ class LLMEngine:
         if any(not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size
                for t in token_ids):
             raise ValueError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
+        if params.logit_bias and max(params.logit_bias) >= self.model_config.vocab_size:
+            raise ValueError(f"logit_bias token ids must be in [0, "
+                             f"{self.model_config.vocab_size})")
         if len(token_ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(token_ids)} tokens, but the maximum context "
                              f"length is {self.max_model_len} (prompt plus at least one token)")
@@ -268,12 +272,16 @@ class LLMEngine:
         num_spec = [k for _, k in sampling]
         if self._grammar is not None and any(r.grammar is not None for r in reqs):
             self._grammar.mask(logits, sampling)
-        # Logprobs are the model's own, as vLLM's default reports them: min_tokens' mask
-        # decides what may be sampled, not what the model thought (the grammar's does count).
+        # Logprobs are the model's own, as vLLM's default reports them: min_tokens' mask, the
+        # logit bias and the penalties decide what is sampled, not what the model thought
+        # (the grammar's mask does count).
         logprob_logits = logits.clone() if any(
-            r.params.logprobs is not None and r.params.min_tokens > r.num_output_tokens
+            r.params.logprobs is not None and (r.processes_logits
+                                               or r.params.min_tokens > r.num_output_tokens)
             for r in reqs) else logits
         mask_stops_before_min_tokens(logits, sampling)
+        if any(r.processes_logits for r in reqs):
+            apply_penalties(logits, sampling)
         emitted = emit_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs],
                               num_spec, [r.spec_token_ids for r in reqs],
                               [r.spec_probs for r in reqs])

@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from specserve.sample.penalties import has_logit_processing
 from specserve.sampling_params import SamplingParams
 
 
@@ -65,6 +66,7 @@ class Request:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.grammar = None  # xgrammar GrammarMatcher of a structured-output request
+        self.processes_logits = has_logit_processing(params)  # bias or penalties
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, float]] = []
         # Detokenizer state (only used for stop strings and streaming).

@@ -1,8 +1,8 @@
 """OpenAI API request and response models (completions, chat completions, models).
 
 Scalars are strict: `"max_tokens": "5"` or `"stream": 1` is a 400, not silently coerced. Unknown
-fields are ignored, as OpenAI's API and vLLM do, but known features we do not implement (penalties,
-logit_bias, echo, tools, ...) are refused rather than silently ignored. Structured outputs come as
+fields are ignored, as OpenAI's API and vLLM do, but known features we do not implement (echo,
+suffix, tools, ...) are refused rather than silently ignored. Structured outputs come as
 OpenAI's `response_format` or vLLM's `structured_outputs` body field.
 """
 
@@ -101,14 +101,15 @@ class SamplingRequest(OpenAIModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
-    # Accepted only at their neutral values: we do not implement them.
-    presence_penalty: StrictFloat | None = None
-    frequency_penalty: StrictFloat | None = None
-    logit_bias: dict[str, StrictFloat] | None = None
+    presence_penalty: Annotated[StrictFloat, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[StrictFloat, Field(ge=-2, le=2)] | None = None
+    # OpenAI's keys are token ids as strings.
+    logit_bias: dict[str, Annotated[StrictFloat, Field(ge=-100, le=100)]] | None = None
     # Extensions (vLLM's names where vLLM has them).
     top_k: Annotated[StrictInt, Field(ge=-1, le=_INT32_MAX)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
     ignore_eos: StrictBool = False
+    repetition_penalty: Annotated[StrictFloat, Field(gt=0, le=100)] | None = None
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
@@ -130,11 +131,7 @@ class SamplingRequest(OpenAIModel):
     def _check_common(self) -> SamplingRequest:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) not in (None, 0):
-                raise ValueError(f"{name} is not supported")
-        if self.logit_bias:
-            raise ValueError("logit_bias is not supported")
+        self._logit_bias()  # raises for keys that are not token ids
         self._structured_outputs()  # raises for a bad combination
         return self
 
@@ -162,6 +159,14 @@ class SamplingRequest(OpenAIModel):
                                        regex=so.regex, choice=so.choice, grammar=so.grammar,
                                        disable_any_whitespace=so.disable_any_whitespace)
 
+    def _logit_bias(self) -> dict[int, float] | None:
+        if not self.logit_bias:
+            return None
+        try:
+            return {int(token): bias for token, bias in self.logit_bias.items()}
+        except ValueError:
+            raise ValueError("logit_bias keys must be token ids (integers as strings)") from None
+
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
@@ -180,7 +185,12 @@ class SamplingRequest(OpenAIModel):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             num_speculative_tokens=spec, speculation_policy=policy,
-            structured_outputs=self._structured_outputs())
+            structured_outputs=self._structured_outputs(),
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=1.0 if self.repetition_penalty is None
+            else self.repetition_penalty,
+            logit_bias=self._logit_bias())
 
 
 class CompletionRequest(SamplingRequest):
