@@ -67,10 +67,13 @@ def test_constraints_do_not_leak_across_a_batch(llm, constrained):
     """Constrained and free requests in one batch: each gets what it gets alone."""
     free_prompts = ["The capital of France is", "def fibonacci(n):\n    "]
     alone = [o.outputs[0].token_ids for o in llm.generate(free_prompts, _params(None))]
-    prompts = [p for p, _, _ in CASES] + free_prompts
-    params = [_params(s) for _, s, _ in CASES] + [_params(None)] * 2
+    # Interleaved, so that the constrained rows are not one block of the logits.
+    order = [0, "f0", 1, 2, "f1", 3, 4]
+    prompts = [free_prompts[int(i[1])] if isinstance(i, str) else CASES[i][0] for i in order]
+    params = [_params(None) if isinstance(i, str) else _params(CASES[i][1]) for i in order]
     outs = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    assert outs == [c.token_ids for c in constrained] + alone
+    assert outs == [alone[int(i[1])] if isinstance(i, str) else constrained[i].token_ids
+                    for i in order]
 
 
 @pytest.mark.parametrize("config", [

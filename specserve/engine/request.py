@@ -67,6 +67,7 @@ class Request:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.grammar = None  # xgrammar GrammarMatcher of a structured-output request
         self.processes_logits = has_logit_processing(params)  # bias or penalties
+        self.unique_prompt_ids: torch.Tensor | None = None  # repetition_penalty, made once
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, float]] = []
         # Detokenizer state (only used for stop strings and streaming).

