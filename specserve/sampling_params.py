@@ -54,6 +54,10 @@ class StructuredOutputsParams:
 _CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar")
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass(slots=True)
 class SamplingParams:
     n: int = 1
@@ -93,6 +97,11 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if isinstance(self.logit_bias, dict):
+            # A copy, with the values as floats (an int does not add to float logits);
+            # validate() refuses what is not a number in range.
+            self.logit_bias = {t: float(v) if _is_number(v) and -100 <= v <= 100 else v
+                               for t, v in self.logit_bias.items()}
         self.validate()
 
     def validate(self) -> None:
@@ -131,17 +140,18 @@ class SamplingParams:
             bad(f"num_speculative_tokens must be in 0..16, got {k!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not -2 <= value <= 2:
+            if not _is_number(value) or not -2 <= value <= 2:
                 bad(f"{name} must be in [-2, 2], got {value!r}")
-        if (not isinstance(self.repetition_penalty, (int, float))
+        if (not _is_number(self.repetition_penalty)
                 or not 0 < self.repetition_penalty < math.inf):
             bad(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
         if self.logit_bias is not None and (
                 not isinstance(self.logit_bias, dict)
-                or any(not isinstance(t, int) or t < 0 for t in self.logit_bias)
-                or any(not isinstance(v, (int, float)) or not math.isfinite(v)
+                or any(not isinstance(t, int) or isinstance(t, bool) or t < 0
+                       for t in self.logit_bias)
+                or any(not isinstance(v, float) or not -100 <= v <= 100
                        for v in self.logit_bias.values())):
-            bad("logit_bias must map token ids (integers >= 0) to finite numbers")
+            bad("logit_bias must map token ids (integers >= 0) to numbers in [-100, 100]")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs,
                                                                   StructuredOutputsParams):
             bad("structured_outputs must be a StructuredOutputsParams")

@@ -30,27 +30,39 @@ def _reference_row(logits: torch.Tensor, params: SamplingParams, prompt: list[in
     return row
 
 
-@pytest.mark.parametrize("params", [
+PARAMS = [
     SamplingParams(repetition_penalty=1.7),
     SamplingParams(frequency_penalty=0.6, presence_penalty=-0.4),
     SamplingParams(logit_bias={3: 5.0, 7: -100.0}),
     SamplingParams(repetition_penalty=0.8, frequency_penalty=1.0, presence_penalty=2.0,
                    logit_bias={0: 1.5}),
-], ids=["repetition", "frequency+presence", "bias", "all"])
+]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["repetition", "frequency+presence", "bias",
+                                                "all"])
 def test_each_verification_row_is_penalised_as_plain_decoding_would_be(params):
+    """Rows of one step: a free request, the request under test verifying 3 drafts, another
+    penalised request with other settings on its first decode step (no output yet), a free
+    one. Some logits are already -inf (a grammar's or min_tokens' mask)."""
     torch.manual_seed(0)
     prompt, output, drafts = [1, 2, 3, 2], [4, 5, 4, 2], [5, 6, 5]
     req = Request("r", prompt, params)
     req.output_token_ids = list(output)
     req.spec_token_ids = list(drafts)
-    other = Request("plain", [9], SamplingParams())  # untouched rows around it
-    logits = torch.randn(1 + len(drafts) + 1 + 1, VOCAB) * 3
+    first_step = Request("first", [4, 4, 9], PARAMS[3] if params is not PARAMS[3] else PARAMS[0])
+    free = Request("free", [9], SamplingParams())
+    logits = torch.randn(1 + len(drafts) + 1 + 1 + 1, VOCAB) * 3
+    logits[:, 4] = float("-inf")
     want = logits.clone()
-    apply_penalties(logits, [(other, 0), (req, len(drafts)), (other, 0)])
+    apply_penalties(logits, [(free, 0), (req, len(drafts)), (first_step, 0), (free, 0)])
     assert torch.equal(logits[0], want[0]) and torch.equal(logits[-1], want[-1])
     for j in range(len(drafts) + 1):
         expected = _reference_row(want[1 + j], params, prompt, output + drafts[:j])
-        torch.testing.assert_close(logits[1 + j], expected, rtol=0, atol=1e-6)
+        torch.testing.assert_close(logits[1 + j], expected, rtol=0, atol=1e-5)
+    expected = _reference_row(want[-2], first_step.params, first_step.prompt_token_ids, [])
+    torch.testing.assert_close(logits[-2], expected, rtol=0, atol=1e-5)
+    assert torch.isneginf(logits[:, 4]).all()
 
 
 def test_repetition_penalty_matches_transformers(llm, hf_model):
@@ -81,7 +93,7 @@ PENALISED = [
 def test_speculation_under_penalties_is_lossless(llm):
     """n-gram drafts copy the record; the penalties make the target turn away from it, so
     drafts are accepted and rejected at rows that carry earlier drafts' penalties."""
-    spec = LLM(dtype="float32", speculation_policy="static",
+    spec = LLM(dtype="float32", speculation_policy="static", kv_cache_memory=64 << 20,
                speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                    "prompt_lookup_max": 3})
     want = [o.outputs[0].token_ids for o in llm.generate([COPY] * 3, PENALISED)]
@@ -104,7 +116,7 @@ def test_logit_bias_steers_and_logprobs_stay_the_models_own(llm):
     assert max(banned.logprobs[0], key=banned.logprobs[0].get) == first
     assert banned.logprobs[0][first] == pytest.approx(free.logprobs[0][first], abs=1e-5)
     forced = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4,
-                                                   logit_bias={42: 100.0}))[0].outputs[0]
+                                                   logit_bias={42: 100}))[0].outputs[0]
     assert forced.token_ids == [42] * 4
 
 
@@ -116,6 +128,10 @@ def test_logit_bias_steers_and_logprobs_stay_the_models_own(llm):
     ({"logit_bias": {-1: 1.0}}, "logit_bias"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias"),
     ({"logit_bias": {5: float("inf")}}, "logit_bias"),
+    ({"logit_bias": {5: 101}}, "logit_bias"),
+    ({"logit_bias": {5: True}}, "logit_bias"),
+    ({"logit_bias": {True: 1.0}}, "logit_bias"),
+    ({"presence_penalty": True}, "presence_penalty"),
 ])
 def test_bad_penalty_values(kwargs, field):
     with pytest.raises(ValueError, match=field):

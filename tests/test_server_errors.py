@@ -88,6 +88,8 @@ BAD_REQUESTS = [
     pytest.param(CMPL, completion(logit_bias={"abc": 1}), JSON, 400, id="logit-bias-bad-key"),
     pytest.param(CMPL, completion(logit_bias={"-4": 1}), JSON, 400,
                  id="logit-bias-negative-token"),
+    pytest.param(CMPL, completion(logit_bias={"5": 1, "05": 2}), JSON, 400,
+                 id="logit-bias-token-twice"),
     pytest.param(CMPL, completion(logit_bias={"5": 500}), JSON, 400, id="logit-bias-huge"),
     pytest.param(CMPL, completion(logit_bias={"999999": 1}), JSON, 400,
                  id="logit-bias-token-out-of-vocab"),

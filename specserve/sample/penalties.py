@@ -35,8 +35,8 @@ def apply_penalties(logits: torch.Tensor, sampling: list[tuple[Request, int]]) -
     ops for the whole step (a dense pass per request cost 18% of a step at 32 requests)."""
     vocab = logits.shape[-1]
     flat = logits.view(-1)  # key = row * vocab + token
-    bias_keys, bias_vals, rep_keys, rep_vals, out_keys = [], [], [], [], []
-    freq_vals, pres_vals = [], []
+    bias_keys, bias_vals, rep_keys, rep_vals, out_keys, freq_vals, pres_vals = ([] for _ in
+                                                                                range(7))
     row = 0
     for req, k in sampling:
         if req.processes_logits:
@@ -45,7 +45,8 @@ def apply_penalties(logits: torch.Tensor, sampling: list[tuple[Request, int]]) -
             if p.logit_bias:
                 ids = torch.tensor(list(p.logit_bias), dtype=torch.long)
                 bias_keys.append((starts.unsqueeze(1) + ids).flatten())
-                bias_vals.append(torch.tensor(list(p.logit_bias.values())).repeat(k + 1))
+                bias_vals.append(torch.tensor(list(p.logit_bias.values()),
+                                              dtype=logits.dtype).repeat(k + 1))
             if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1:
                 # Row j has seen the output and drafts 0..j-1.
                 drafts = req.spec_token_ids[:k]
@@ -66,20 +67,25 @@ def apply_penalties(logits: torch.Tensor, sampling: list[tuple[Request, int]]) -
                     pres_vals.append(torch.full((len(keys),), float(p.presence_penalty)))
         row += k + 1
     with torch.inference_mode():  # the runner made logits under it
-        if bias_keys:
+        if bias_keys:  # a request's bias keys are distinct
             flat.index_add_(0, torch.cat(bias_keys), torch.cat(bias_vals))
         if rep_keys:
-            # A key listed twice is written twice with the same value: computed from the
-            # logits as gathered, before any write.
-            keys, penalty = torch.cat(rep_keys), torch.cat(rep_vals)
+            keys, _, (penalty,) = _per_key(rep_keys, rep_vals)
             values = flat[keys]
             flat[keys] = torch.where(values > 0, values / penalty, values * penalty)
         if out_keys:
-            keys = torch.cat(out_keys)
-            unique, inverse, counts = torch.unique(keys, return_inverse=True,
-                                                   return_counts=True)
-            first = torch.empty_like(unique).scatter_(0, inverse, torch.arange(len(keys)))
-            values = flat[unique]
-            values -= torch.cat(freq_vals)[first] * counts
-            values -= torch.cat(pres_vals)[first]
-            flat[unique] = values
+            keys, counts, (frequency, presence) = _per_key(out_keys, freq_vals, pres_vals)
+            values = flat[keys]
+            values -= frequency * counts
+            values -= presence
+            flat[keys] = values
+
+
+def _per_key(keys: list[torch.Tensor], *values: list[torch.Tensor]
+             ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Distinct keys, how often each occurred, and each value list's entry for it. A key holds
+    its row, so all its occurrences belong to one request and carry the same values."""
+    flat = torch.cat(keys)
+    unique, inverse, counts = torch.unique(flat, return_inverse=True, return_counts=True)
+    occurrence = torch.empty_like(unique).scatter_(0, inverse, torch.arange(len(flat)))
+    return unique, counts, [torch.cat(v)[occurrence] for v in values]

@@ -162,10 +162,15 @@ class SamplingRequest(OpenAIModel):
     def _logit_bias(self) -> dict[int, float] | None:
         if not self.logit_bias:
             return None
-        try:
-            return {int(token): bias for token, bias in self.logit_bias.items()}
-        except ValueError:
-            raise ValueError("logit_bias keys must be token ids (integers as strings)") from None
+        bias = {}
+        for token, value in self.logit_bias.items():
+            if not (token.isascii() and token.isdigit()):
+                raise ValueError(f"logit_bias keys must be token ids (non-negative integers as "
+                                 f"strings), got {token!r}")
+            if int(token) in bias:
+                raise ValueError(f"logit_bias names token {int(token)} twice")
+            bias[int(token)] = value
+        return bias
 
     @property
     def include_usage(self) -> bool:
