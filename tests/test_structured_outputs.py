@@ -214,8 +214,9 @@ def test_bad_structured_outputs_params(kwargs, message):
 ], ids=["regex", "grammar", "schema"])
 def test_a_spec_that_does_not_compile_is_refused_and_nothing_is_queued(llm, spec):
     before = llm.get_stats()["kv_blocks_free"]
-    with pytest.raises(ValueError, match="does not compile"):
+    with pytest.raises(ValueError, match="does not compile") as refused:
         llm.generate(["Hello"], _params(spec))
+    assert ".cc:" not in str(refused.value)  # no C++ source locations for the user
     assert not llm.engine.has_unfinished_requests()
     assert llm.get_stats()["kv_blocks_free"] == before
     assert llm.generate(["Hello"], _params(None))[0].outputs[0].token_ids  # still serving

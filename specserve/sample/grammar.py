@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 # Compiled grammars are cached by spec (a repeated schema compiles once); bounded, because a
 # server may see any number of distinct schemas.
 GRAMMAR_CACHE_BYTES = 64 * 2**20
+_CPP_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
 
 class GrammarBackend:
@@ -71,8 +73,10 @@ class GrammarBackend:
                 return c.compile_grammar(f"root ::= {alternatives}")
             return c.compile_grammar(spec.grammar)
         except Exception as exc:  # xgrammar raises RuntimeError and its own types
+            # Its C++ messages start with "[time] file.cc:line: ", which says nothing to a user.
+            message = _CPP_LOG_PREFIX.sub("", str(exc).strip())
             raise ValueError(f"structured_outputs {spec.kind} does not compile: "
-                             f"{str(exc).strip()}") from exc
+                             f"{message}") from exc
 
     def matcher(self, spec: StructuredOutputsParams, stop_token_ids: set[int]):
         """A fresh matcher for one request. A completed grammar lets the model's EOS and the
