@@ -68,18 +68,33 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--sample-seed", type=int, default=None)
+    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--structured-outputs", type=json.loads, default=None,
+                   help='one constraint, as vLLM\'s StructuredOutputsParams: {"json": SCHEMA}, '
+                        '{"json_object": true}, {"regex": R}, {"choice": [...]} or '
+                        '{"grammar": EBNF}')
 
 
 def sampling_params(args: argparse.Namespace):
-    from specserve import SamplingParams
+    from specserve import SamplingParams, StructuredOutputsParams
 
+    structured = None
+    if args.structured_outputs is not None:
+        if not isinstance(args.structured_outputs, dict):
+            raise ValueError("--structured-outputs takes a JSON object")
+        try:
+            structured = StructuredOutputsParams(**args.structured_outputs)
+        except TypeError as exc:  # an unknown key
+            raise ValueError(f"--structured-outputs: {exc}") from None
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                          top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed)
+                          top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed,
+                          repetition_penalty=args.repetition_penalty,
+                          structured_outputs=structured)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
+    params = sampling_params(args)  # bad flags fail before the model loads
     llm = make_llm(args)
-    params = sampling_params(args)
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
     else:
@@ -92,8 +107,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 def cmd_chat(args: argparse.Namespace) -> None:
     """An interactive chat loop in the terminal, streaming the reply."""
-    llm = make_llm(args)
     params = sampling_params(args)
+    llm = make_llm(args)
     engine = llm.engine
     messages: list[dict] = []
     print("specserve chat — empty line or Ctrl-D to quit")

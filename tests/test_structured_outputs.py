@@ -220,3 +220,15 @@ def test_a_spec_that_does_not_compile_is_refused_and_nothing_is_queued(llm, spec
     assert not llm.engine.has_unfinished_requests()
     assert llm.get_stats()["kv_blocks_free"] == before
     assert llm.generate(["Hello"], _params(None))[0].outputs[0].token_ids  # still serving
+
+
+def test_cli_generate_takes_structured_outputs(capsys):
+    from specserve.cli import main
+
+    main(["generate", "--dtype", "float32", "--kv-cache-memory", "64MiB", "--prompt",
+          CASES[3][0], "--max-tokens", "8", "--structured-outputs",
+          json.dumps({"choice": CHOICES})])
+    reply = capsys.readouterr().out.splitlines()[1]
+    assert reply in CHOICES
+    with pytest.raises(SystemExit, match="regexp"):
+        main(["generate", "--prompt", "x", "--structured-outputs", '{"regexp": "a"}'])
