@@ -15,6 +15,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -121,6 +122,8 @@ class SamplingRequest(OpenAIModel):
     # Structured outputs: OpenAI's response_format, or vLLM's structured_outputs.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsOptions | None = None
+    _structured: StructuredOutputsParams | None = PrivateAttr(default=None)
+    _bias_by_id: dict[int, float] | None = PrivateAttr(default=None)
     # vLLM's older names for the same constraints, still sent by code written for it.
     guided_json: dict | StrictStr | None = None
     guided_regex: StrictStr | None = None
@@ -131,11 +134,12 @@ class SamplingRequest(OpenAIModel):
     def _check_common(self) -> SamplingRequest:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
-        self._logit_bias()  # raises for keys that are not token ids
-        self._structured_outputs()  # raises for a bad combination
+        # Parsed once here (they raise for bad input), read by to_sampling_params.
+        self._bias_by_id = self._parse_logit_bias()
+        self._structured = self._parse_structured_outputs()
         return self
 
-    def _structured_outputs(self) -> StructuredOutputsParams | None:
+    def _parse_structured_outputs(self) -> StructuredOutputsParams | None:
         fmt, so = self.response_format, self.structured_outputs
         guided = {name: getattr(self, f"guided_{name}")
                   for name in ("json", "regex", "choice", "grammar")
@@ -159,7 +163,7 @@ class SamplingRequest(OpenAIModel):
                                        regex=so.regex, choice=so.choice, grammar=so.grammar,
                                        disable_any_whitespace=so.disable_any_whitespace)
 
-    def _logit_bias(self) -> dict[int, float] | None:
+    def _parse_logit_bias(self) -> dict[int, float] | None:
         if not self.logit_bias:
             return None
         bias = {}
@@ -190,12 +194,12 @@ class SamplingRequest(OpenAIModel):
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             num_speculative_tokens=spec, speculation_policy=policy,
-            structured_outputs=self._structured_outputs(),
+            structured_outputs=self._structured,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=1.0 if self.repetition_penalty is None
             else self.repetition_penalty,
-            logit_bias=self._logit_bias())
+            logit_bias=self._bias_by_id)
 
 
 class CompletionRequest(SamplingRequest):
