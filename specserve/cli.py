@@ -42,6 +42,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
     p.add_argument("--speculation-policy", default="adaptive",
                    help="off | static | batch-threshold:N | schedule:B=K,... | adaptive")
+    p.add_argument("--jump-forward-tokens", type=int, default=8,
+                   help="most tokens a structured-output grammar forces that are verified as "
+                        "drafts in one step (0: off; needs no --speculative-config)")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -50,7 +53,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
               max_num_seqs=args.max_num_seqs,
               enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
-              num_threads=args.num_threads, speculation_policy=args.speculation_policy)
+              num_threads=args.num_threads, speculation_policy=args.speculation_policy,
+              jump_forward_tokens=args.jump_forward_tokens)
     if args.speculative_config is not None:
         kw["speculative_config"] = args.speculative_config
     return kw

@@ -125,10 +125,15 @@ class EngineConfig:
     speculative_config: dict | None = None
     # off | static | batch-threshold:N | schedule:B=K,... | adaptive (see spec_decode/policy.py)
     speculation_policy: str = "adaptive"
+    # Most grammar-forced tokens a structured-output request verifies as drafts per step
+    # (jump-forward, sample/grammar.py); 0 turns them off. They need no speculative_config.
+    jump_forward_tokens: int = 8
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
+        if self.jump_forward_tokens < 0:
+            raise ValueError("jump_forward_tokens must be >= 0 (0 turns jump-forward drafts off)")
         if self.dtype != "auto":
             parse_dtype(self.dtype)
         device = torch.device(self.device)  # raises on a malformed name

@@ -17,6 +17,7 @@ from specserve.bench.lab import (
     PreparedWorkload,
     Preset,
     Strategy,
+    builtin_strategies,
     prepare_workload,
     proposer_config,
     run_lab,
@@ -24,7 +25,7 @@ from specserve.bench.lab import (
 )
 from specserve.bench.report import add_summaries, lab_table, sweep_table
 from specserve.bench.sweep import summarize_sweep, summary_lines
-from specserve.bench.workloads import WorkloadItem
+from specserve.bench.workloads import WorkloadItem, load_workload
 from specserve.cli import main
 
 # conftest set torch's thread count from SPECSERVE_TEST_THREADS; the engines follow it.
@@ -271,6 +272,18 @@ def test_online_reports_server_errors(server):
 def test_prepared_workload_cycles_through_items():
     wl = PreparedWorkload("w", [[1], [2], [3]], [5, 6, 7])
     assert wl.take(4) == [([1], 5), ([2], 6), ([3], 7), ([1], 5)]
+    assert wl.params(4).max_tokens == 6 and wl.params(4).structured_outputs is None
+
+
+def test_the_json_schema_workload_runs_under_its_schemas(llm):
+    """Its requests carry their schemas into the closed loop, where the forced keys are
+    drafted (vanilla, which speculates in no way, turns that off)."""
+    items = load_workload("json-schema")[:2]
+    workload = prepare_workload(llm.engine, "json-schema", items, cap=24)
+    assert workload.params(3).structured_outputs.json == items[1].structured_outputs["json"]
+    run = run_workload(llm.engine, workload, 2, 2)
+    assert run["num_jump_forward_accepted"] > 0
+    assert builtin_strategies()["vanilla"].engine_kwargs["jump_forward_tokens"] == 0
 
 
 def test_lab_finds_cached_drafts_and_trains_only_with_a_budget(tmp_path, monkeypatch, caplog):

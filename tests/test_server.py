@@ -275,7 +275,10 @@ CITY = {"type": "object", "additionalProperties": False,
         "required": ["city", "country"]}
 
 
-def test_response_format_json_schema_and_json_object(client: openai.OpenAI, llm):
+def test_response_format_json_schema_and_json_object(server: LiveServer, client: openai.OpenAI,
+                                                      llm):
+    jump_forward = "specserve:jump_forward_draft_tokens_total{}"
+    drafted_before = server.metrics()[jump_forward]
     messages = [{"role": "user", "content": 'Copy this JSON exactly: {"city": "Paris", '
                                             '"population": 2100000}'}]
     text, _, _ = offline_text(llm, messages, max_tokens=48,
@@ -286,6 +289,8 @@ def test_response_format_json_schema_and_json_object(client: openai.OpenAI, llm)
                          "json_schema": {"name": "city", "schema": CITY, "strict": True}})
     assert resp.choices[0].message.content == text
     assert set(json.loads(text)) == {"city", "country"}
+    # The schema's keys are forced: they were drafted (and the text is still the engine's).
+    assert server.metrics()[jump_forward] > drafted_before
     # json_object, streamed: the deltas add up to one JSON object.
     stream = client.chat.completions.create(
         model=MODEL, messages=messages, max_tokens=48, temperature=0, stream=True,

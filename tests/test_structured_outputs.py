@@ -46,8 +46,10 @@ def _params(spec: StructuredOutputsParams | None, **kw) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def constrained(llm) -> list:
-    return [o.outputs[0] for o in llm.generate([p for p, _, _ in CASES],
-                                               [_params(s) for _, s, _ in CASES])]
+    """Constrained decoding without drafts of any kind: the reference of the lossless tests
+    (the other requests draft what their grammar forces, as the engine does by default)."""
+    return [o.outputs[0] for o in llm.generate(
+        [p for p, _, _ in CASES], [_params(s, speculation_policy="off") for _, s, _ in CASES])]
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[s.kind for _, s, _ in CASES])
@@ -85,9 +87,11 @@ SPEC_CONFIGS = {
 @pytest.fixture(scope="module")
 def spec_llms() -> dict[str, LLM]:
     # static: every step verifies drafts, whatever the controller would judge them worth.
-    # The budget covers the self-draft's fp32 weights (243 MiB) and a small pool.
+    # The budget covers the self-draft's fp32 weights (243 MiB) and a small pool. No
+    # jump-forward drafts: every draft is the proposer's (tests/test_jump_forward.py has those).
     return {name: LLM(dtype="float32", speculative_config=config, speculation_policy="static",
-                      kv_cache_memory=512 << 20) for name, config in SPEC_CONFIGS.items()}
+                      kv_cache_memory=512 << 20, jump_forward_tokens=0)
+            for name, config in SPEC_CONFIGS.items()}
 
 
 @pytest.mark.parametrize("name", list(SPEC_CONFIGS))

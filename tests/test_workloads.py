@@ -20,6 +20,7 @@ MAX_TOKENS_RANGES = {
     "sql": (32, 128),
     "rag": (32, 128),
     "chat-1": (48, 160),
+    "json-schema": (48, 160),
 }
 
 
@@ -57,7 +58,8 @@ def test_rag_items_share_the_document_prefix() -> None:
 
 
 def test_unknown_workload_raises() -> None:
-    with pytest.raises(ValueError, match="known workloads: prose, json, sql, rag, chat-1"):
+    with pytest.raises(ValueError,
+                       match="known workloads: prose, json, sql, rag, chat-1, json-schema"):
         load_workload("poetry")
 
 
@@ -95,3 +97,16 @@ def test_good_item_validates() -> None:
 def test_broken_items_fail_validation(items: list[WorkloadItem], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         validate_workload(items)
+
+
+def test_json_schema_holds_each_json_item_to_the_schema_its_prompt_lists() -> None:
+    plain, constrained = load_workload("json"), load_workload("json-schema")
+    assert [i.messages for i in plain] == [i.messages for i in constrained]
+    first = constrained[0].structured_outputs
+    assert first["disable_any_whitespace"] is True
+    schema = first["json"]
+    assert schema["required"] == ["name", "age", "occupation", "city", "languages"]
+    assert schema["properties"]["age"] == {"type": "integer"}
+    assert schema["properties"]["languages"] == {"type": "array", "items": {"type": "string"}}
+    assert all(i.structured_outputs["json"]["required"] for i in constrained)
+    assert all(i.structured_outputs is None for i in plain)

@@ -26,6 +26,7 @@ from specserve.bench.lab import (
     RequestRecord,
     latency_figures,
 )
+from specserve.bench.workloads import CONSTRAINED_WORKLOADS
 
 
 def hf_available() -> bool:
@@ -149,7 +150,9 @@ def run_baselines(lab: LabRun, preset: Preset, model: str | None, dtype: torch.d
                   num_threads: int | None, seed: int, progress: Progress) -> None:
     """Append the other engines' rows and points to the lab (after its own strategies, which
     rendered the prompts). A missing optional package becomes a 'skipped' row."""
-    if not lab.workloads:
+    # Their generate() takes no grammar: a constrained workload would run unconstrained.
+    workloads = [wl for wl in lab.workloads.values() if not wl.structured_outputs]
+    if not workloads:
         return
     eos = lab.eos_token_ids
     if hf_available():
@@ -158,7 +161,7 @@ def run_baselines(lab: LabRun, preset: Preset, model: str | None, dtype: torch.d
         weights = sum(p.nbytes for p in hf.parameters())
         for name in ("hf-generate", "hf-prompt-lookup"):
             lab.strategies.append({"name": name, "status": "ok", "target_weight_bytes": weights})
-        for wl in lab.workloads.values():
+        for wl in workloads:
             for c in preset.concurrency:
                 progress(f"hf-generate · {wl.name} · c={c}", 0)
                 _add(lab, progress, "hf-generate", wl.name, c, [
@@ -178,10 +181,10 @@ def run_baselines(lab: LabRun, preset: Preset, model: str | None, dtype: torch.d
             llama = load_llama_cpp(model, num_threads, seed)
         except ValueError as exc:
             lab.strategies.append({"name": "llama.cpp", "status": "skipped", "error": str(exc)})
-            progress("llama.cpp: skipped", len(lab.workloads))
+            progress("llama.cpp: skipped", len(workloads))
             return
         lab.strategies.append({"name": "llama.cpp", "status": "ok"})
-        for wl in lab.workloads.values():
+        for wl in workloads:
             progress(f"llama.cpp · {wl.name} · c=1", 0)
             _add(lab, progress, "llama.cpp", wl.name, 1, [
                 run_llama_cpp(llama, wl, preset.num_prompts(1), preset.ignore_eos)
@@ -197,6 +200,6 @@ def _add(lab: LabRun, progress: Progress, strategy: str, workload: str, concurre
 
 def num_baseline_points(preset: Preset) -> int:
     """How many points run_baselines adds (for the progress bar)."""
-    n = len(preset.workloads)
+    n = sum(1 for w in preset.workloads if w not in CONSTRAINED_WORKLOADS)
     return (n * (len(preset.concurrency) + 1) if hf_available() else 0) \
         + (n if llama_cpp_available() else 0)

@@ -34,15 +34,21 @@ from dataclasses import asdict, dataclass, field, replace
 
 from specserve.bench.isolate import run_isolated
 from specserve.bench.offline import percentile
-from specserve.bench.workloads import WORKLOAD_NAMES, WorkloadItem, load_workload
+from specserve.bench.workloads import (
+    CONSTRAINED_WORKLOADS,
+    WORKLOAD_NAMES,
+    WorkloadItem,
+    load_workload,
+)
 from specserve.engine.llm_engine import LLMEngine
-from specserve.sampling_params import SamplingParams
+from specserve.sampling_params import SamplingParams, StructuredOutputsParams
 
 # Engine counters that a run reports as the difference between its end and its start.
 _COUNTERS = ("num_steps", "num_prompt_tokens", "num_generated_tokens", "num_preemptions",
              "num_draft_tokens", "num_accepted_tokens", "num_verifications",
              "prefix_cache_queries", "prefix_cache_hits", "forward_time_s", "step_time_s",
-             "draft_time_s", "verify_time_s", "spec_time_s")
+             "draft_time_s", "verify_time_s", "spec_time_s", "num_jump_forward_tokens",
+             "num_jump_forward_accepted")
 _MEMORY = {"target_weight_bytes": "weight_bytes", "target_kv_bytes": "kv_cache_bytes",
            "draft_weight_bytes": "draft_weight_bytes", "draft_kv_bytes": "draft_kv_cache_bytes",
            "kv_blocks_total": "kv_blocks_total"}
@@ -88,6 +94,14 @@ class PreparedWorkload:
     name: str
     prompts: list[list[int]]
     max_tokens: list[int]
+    structured_outputs: list[dict | None] | None = None  # per item, a constrained workload's
+
+    def params(self, i: int, ignore_eos: bool = False) -> SamplingParams:
+        """Greedy sampling parameters of request i (cycling through the items)."""
+        so = self.structured_outputs[i % len(self.prompts)] if self.structured_outputs else None
+        return SamplingParams(temperature=0.0, max_tokens=self.max_tokens[i % len(self.prompts)],
+                              ignore_eos=ignore_eos,
+                              structured_outputs=StructuredOutputsParams(**so) if so else None)
 
     @property
     def shared_prefix(self) -> list[int]:
@@ -112,8 +126,10 @@ def item_max_tokens(item: WorkloadItem, cap: int | None = None, scale: float = 1
 def prepare_workload(engine: LLMEngine, name: str, items: Sequence[WorkloadItem] | None = None,
                      cap: int | None = None, scale: float = 1.0) -> PreparedWorkload:
     items = load_workload(name) if items is None else items
+    constrained = [i.structured_outputs for i in items]
     return PreparedWorkload(name, [engine.apply_chat_template(i.messages) for i in items],
-                            [item_max_tokens(i, cap, scale) for i in items])
+                            [item_max_tokens(i, cap, scale) for i in items],
+                            constrained if any(constrained) else None)
 
 
 # ---- the closed loop ----------------------------------------------------------------------------
@@ -173,9 +189,8 @@ def run_workload(engine: LLMEngine, workload: PreparedWorkload, concurrency: int
     try:
         while todo or in_flight:
             while todo and len(in_flight) < concurrency:
-                i, (prompt, max_tokens) = todo.popleft()
-                params = SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                                        ignore_eos=ignore_eos)
+                i, (prompt, _) = todo.popleft()
+                params = workload.params(i, ignore_eos)
                 in_flight[engine.add_request(prompt, params).request_id] = i
             max_in_flight = max(max_in_flight, len(in_flight))
             outputs = engine.step()
@@ -245,7 +260,9 @@ def builtin_strategies(draft_model: str | None = None, k: int = 4,
     def spec(cfg: dict, policy: str) -> dict:
         return {**off, "speculative_config": cfg, "speculation_policy": policy}
 
-    rows = [Strategy("vanilla", off),
+    # vanilla speculates in no way, so not on what a grammar forces either (json-schema);
+    # every other row drafts forced tokens as the engine does by default.
+    rows = [Strategy("vanilla", {**off, "jump_forward_tokens": 0}),
             Strategy("draft-static", spec(draft, "static")),
             Strategy("ngram-static", spec(ngram, "static")),
             Strategy("adaptive-ngram", spec(ngram, "adaptive")),
@@ -260,6 +277,7 @@ def builtin_strategies(draft_model: str | None = None, k: int = 4,
         rows += [Strategy("eagle-static", spec(eagle, "static")),
                  Strategy("adaptive-eagle", spec(eagle, "adaptive"))]
     rows.append(Strategy("cache+quant", {"enable_prefix_caching": True, "quantization": "int8",
+                                         "jump_forward_tokens": 0,
                                          "kv_cache_dtype": "int8"}))
     return {s.name: s for s in rows}
 
@@ -289,7 +307,9 @@ class Preset:
 PRESETS = {
     "quick": Preset("quick", ("prose", "json", "sql"), (1, 16), prompts_factor=1, min_prompts=8,
                     max_prompts=16, max_tokens_cap=48),
-    "full": Preset("full", WORKLOAD_NAMES, (1, 32), max_tokens_cap=64),
+    # json-schema (json under its schemas) on request: --workloads json-schema
+    "full": Preset("full", tuple(w for w in WORKLOAD_NAMES if w not in CONSTRAINED_WORKLOADS),
+                   (1, 32), max_tokens_cap=64),
 }
 
 

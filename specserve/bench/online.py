@@ -110,6 +110,8 @@ async def run_online_point(url: str, items: Sequence[WorkloadItem], concurrency:
                     "stream_options": {"include_usage": True}}
             if ignore_eos:  # an extension (ours, vLLM and llama.cpp's server accept it)
                 body["ignore_eos"] = True
+            if item.structured_outputs:  # json-schema: vLLM's body field
+                body["structured_outputs"] = item.structured_outputs
             bodies.append(body)
         if warm_up:  # the server's first forwards are slow: keep them out of the figures
             await stream_one(session, url, headers, {**bodies[0], "max_tokens": 4})

@@ -4,16 +4,20 @@ Each workload is a JSON Lines file in ``workloads/`` next to this module. A line
 ``{"id": ..., "messages": [...], "max_tokens": N}``. The ``rag`` workload is the exception: its
 lines hold only a ``question``, and every prompt is built from one shared document
 (``rag_document.md``) placed first, so all rag prompts share a long common prefix.
+``json-schema`` has no file: it is ``json`` under structured outputs, each item held to the
+schema its prompt spells out.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
-WORKLOAD_NAMES = ("prose", "json", "sql", "rag", "chat-1")
+WORKLOAD_NAMES = ("prose", "json", "sql", "rag", "chat-1", "json-schema")
+CONSTRAINED_WORKLOADS = ("json-schema",)  # run under structured outputs
 WORKLOAD_DIR = Path(__file__).with_name("workloads")
 RAG_DOCUMENT_FILE = "rag_document.md"
 VALID_ROLES = frozenset({"system", "user", "assistant"})
@@ -25,6 +29,8 @@ class WorkloadItem:
     id: str
     messages: list[dict]
     max_tokens: int
+    # StructuredOutputsParams' fields as a dict, for a constrained workload (json-schema)
+    structured_outputs: dict | None = None
 
 
 @cache
@@ -51,10 +57,41 @@ def _item_from_record(name: str, record: dict) -> WorkloadItem:
     return WorkloadItem(id=record["id"], messages=messages, max_tokens=record["max_tokens"])
 
 
+_SCHEMA_LINE = re.compile(r"^- (\w+): (.+)$", re.MULTILINE)
+_SCHEMA_TYPES = {"string": "string", "integer": "integer", "number": "number",
+                 "boolean": "boolean"}
+
+
+def json_schema(item: WorkloadItem) -> dict:
+    """The JSON schema that a json item's prompt spells out as a list of "- key: type" lines,
+    every key required and in that order, for running the workload under structured outputs.
+    Nested types the prompt describes in words ("array of objects with ...") are kept only
+    as array or object."""
+    props: dict[str, dict] = {}
+    for key, kind in _SCHEMA_LINE.findall(item.messages[-1]["content"]):
+        if kind in _SCHEMA_TYPES:
+            props[key] = {"type": _SCHEMA_TYPES[kind]}
+        elif kind == "array of strings":
+            props[key] = {"type": "array", "items": {"type": "string"}}
+        else:
+            props[key] = {"type": "array" if kind.startswith("array") else "object"}
+    if not props:
+        raise ValueError(f"{item.id}: the prompt lists no '- key: type' lines")
+    return {"type": "object", "properties": props, "required": list(props),
+            "additionalProperties": False}
+
+
 def load_workload(name: str) -> list[WorkloadItem]:
     """Load, build and validate the named workload."""
     if name not in WORKLOAD_NAMES:
         raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOAD_NAMES)}")
+    if name == "json-schema":
+        # The json items held to the schema each prompt spells out, in compact JSON: what
+        # a service asking for `response_format` json_schema runs.
+        return [replace(item, id="json-schema-" + item.id.removeprefix("json-"),
+                        structured_outputs={"json": json_schema(item),
+                                            "disable_any_whitespace": True})
+                for item in load_workload("json")]
     path = WORKLOAD_DIR / f"{name}.jsonl"
     items = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):

@@ -50,6 +50,10 @@ class EngineStats:
     # over, observing, planning, proposing (draft forwards included). With every K_i = 0 it
     # is what the controller costs on top of `off`.
     spec_time: float = 0.0
+    # Grammar-forced drafts (jump-forward), counted apart from the proposer's so that its
+    # acceptance stays its own.
+    num_jump_forward_tokens: int = 0
+    num_jump_forward_accepted: int = 0
 
 
 logger = logging.getLogger("specserve")
@@ -302,7 +306,9 @@ class LLMEngine:
             guess = self._shadow.get(req.request_id) if self._shadow else None
             hit = None if guess is None or k != len(req.spec_token_ids) \
                 or len(tokens) != k + 1 else tokens[k] == guess
-            if k:
+            if k and req.spec_from_grammar:
+                self._on_jump_forward_verified(req, k, len(tokens) - 1)
+            elif k:
                 self._on_verified(req, k, len(tokens) - 1, hit)
             elif hit is not None:  # an unused guess: would it have been accepted?
                 self.spec_policy.observe_verification(req, 1, int(hit))
@@ -313,6 +319,8 @@ class LLMEngine:
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.grammar is not None:
+                if req.jump_forward_tail is not None:
+                    self._grammar.observe_tail(req, tokens)
                 accept_emitted(req, tokens)
             num_before = req.num_output_tokens
             self._append_and_check(req, tokens)
@@ -321,6 +329,8 @@ class LLMEngine:
         for req, _ in sched.scheduled:
             if not req.is_finished:
                 self.block_manager.cache_blocks(req)
+        if self._grammar is not None and self.config.jump_forward_tokens:
+            self._jump_forward()
         if self.proposer is not None:
             t_spec = time.perf_counter()
             if self.proposer.needs_hidden:
@@ -371,6 +381,38 @@ class LLMEngine:
             self.spec_policy.observe_verification(req, num_draft + 1,
                                                   num_accepted + int(next_guess_right))
 
+    def _on_jump_forward_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:
+        """Grammar-forced drafts were verified: roll back past the rejected ones. Neither the
+        proposer (it never saw them) nor the policy's acceptance estimates hear of them."""
+        req.num_computed_tokens -= num_draft - num_accepted
+        req.num_draft_tokens += num_draft
+        req.num_accepted_tokens += num_accepted
+        self.stats.num_jump_forward_tokens += num_draft
+        self.stats.num_jump_forward_accepted += num_accepted
+
+    def _jump_forward(self) -> None:
+        """Draft what the grammar forces next for each decoding structured-output request,
+        whatever the policy would choose: a forced draft is nearly always accepted (95-99% on
+        the json workload's schemas), so it costs one row of the forward and saves a request a
+        step, at any batch size. A request or engine whose policy is `off` drafts none."""
+        if self.spec_policy is not None and self.spec_policy.name == "off":
+            return
+        limit = self.config.jump_forward_tokens
+        for req in self.scheduler.running:
+            if (req.grammar is None or req.spec_token_ids or req.grammar.is_terminated()
+                    or req.num_computed_tokens != req.num_tokens - 1
+                    or req.params.speculation_policy == "off"):
+                continue
+            cap = min(limit, req.max_tokens - req.num_output_tokens - 1,
+                      self.max_model_len - req.num_tokens - 1)
+            if req.params.num_speculative_tokens is not None:
+                cap = min(cap, req.params.num_speculative_tokens)
+            if cap > 0:
+                tokens = self._grammar.forced_tokens(req, cap)
+                if tokens:
+                    req.spec_token_ids, req.spec_probs = tokens, None
+                    req.spec_from_grammar = True
+
     def _propose(self) -> None:
         """Choose K per decoding request (the policy) and guess that many tokens."""
         reqs, caps, forced = [], [], []
@@ -410,7 +452,7 @@ class LLMEngine:
         self.stats.draft_time += self._last_draft_time
         row = 0
         for req, tokens in zip(reqs, token_ids, strict=True):
-            req.spec_token_ids = tokens
+            req.spec_token_ids, req.spec_from_grammar = tokens, False
             if probs is not None and tokens:
                 req.spec_probs = probs[row:row + len(tokens)]
                 row += len(tokens)
@@ -420,7 +462,10 @@ class LLMEngine:
         """The policy's K for reqs[i], i in free, written into ks. Returns the guesses already
         looked up (index -> tokens) for a proposer whose guesses cost nothing (n-gram)."""
         policy = self.spec_policy
-        num_base = len(reqs) + sum(ks)
+        # The next step also carries the requests drafting what their grammar forces.
+        num_base = len(reqs) + sum(ks) + sum(1 + len(r.spec_token_ids)
+                                             for r in self.scheduler.running
+                                             if r.spec_from_grammar and r.spec_token_ids)
         num_prefill = self.scheduler.pending_prefill_tokens(num_base)
         free_reqs = [reqs[i] for i in free]
 
@@ -519,6 +564,7 @@ class LLMEngine:
 
     def _free_spec_state(self, req: Request) -> None:
         req.spec_token_ids, req.spec_probs = [], None
+        req.jump_forward_tail = None
         if self.proposer is not None:
             self.proposer.free(req)
             if req.is_finished:
@@ -583,6 +629,8 @@ class LLMEngine:
             "draft_time_s": s.draft_time,
             "verify_time_s": s.verify_time,
             "spec_time_s": s.spec_time,
+            "num_jump_forward_tokens": s.num_jump_forward_tokens,
+            "num_jump_forward_accepted": s.num_jump_forward_accepted,
             "draft_weight_bytes": p.weight_bytes if p else 0,
             "draft_kv_cache_bytes": p.kv_cache_bytes if p else 0,
             "draft_num_forwards": getattr(p, "num_forwards", 0),

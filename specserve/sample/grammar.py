@@ -8,10 +8,16 @@ read. A request verifying K draft tokens has K + 1 rows: row j is masked for the
 drafts 0..j-1, found by advancing the matcher through them and rolling it back afterwards. A
 draft token the grammar forbids has probability 0 under its row, so it is rejected, and the rows
 after it are never read. The verification stays lossless against constrained decoding.
+
+Where the grammar leaves only one way to go (a JSON schema's keys and punctuation), the forced
+text is proposed as draft tokens ("jump-forward" as SGLang named it) and verified like any draft:
+the model, not the grammar, still picks the tokenization, so the output is what constrained
+decoding without drafts gives.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -49,7 +55,13 @@ class GrammarBackend:
         self._compiler = xgr.GrammarCompiler(info, max_threads=2,
                                              cache_limit_bytes=GRAMMAR_CACHE_BYTES)
         self._eos = list(eos_token_ids)
+        # A schema's forced runs (`", "name": "`) recur in every request that uses it: each is
+        # encoded once, not at every step of every request.
+        self._encode = functools.lru_cache(maxsize=1 << 12)(
+            lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)))
         self.vocab_size = vocab_size
+        # Per token that ended a forced run: [times the model wrote it there, times observed].
+        self._tails: dict[int, list[int]] = {}
 
     def compile(self, spec: StructuredOutputsParams):
         """The compiled grammar (cached). Raises ValueError for a schema, regex or grammar
@@ -86,6 +98,42 @@ class GrammarBackend:
             raise ValueError("structured_outputs needs a stop token to end the output: the "
                              "model has no EOS and the request no stop_token_ids")
         return self._xgr.GrammarMatcher(self.compile(spec), override_stop_tokens=stops)
+
+    def forced_tokens(self, req: Request, limit: int) -> list[int]:
+        """Up to `limit` draft tokens for the text req's grammar forces next (none if it forces
+        nothing). The text is encoded with the model's own tokenizer: xgrammar's tokens for
+        it (longest match) split words differently from BPE, and the model writes BPE (on the
+        json workload's schemas they were accepted 79% of the time against 86%).
+
+        The last token of a forced run is the doubtful one: the free text after it may merge
+        into it (the run `"name"` ends in `"`, and the model writes `":`; `: [` where it writes
+        ` ["`). So the tail is kept only while the model has written that token at the end of
+        a run at least half the time, and it is observed either way: drafted, or held back and
+        compared with the token the model then wrote there. With any whitespace allowed, where
+        a run ends before the free whitespace, drafting every tail had 31% of the drafts
+        rejected."""
+        req.jump_forward_tail = None
+        text = req.grammar.find_jump_forward_string()
+        if not text:
+            return []
+        run = self._encode(text)
+        if len(run) > limit:
+            return list(run[:limit])  # the run goes on: its last draft is not its tail
+        tail = run[-1]
+        req.jump_forward_tail = (tail, len(run) - 1)
+        hits, seen = self._tails.get(tail, (0, 0))
+        keep = 2 * (hits + 1) >= seen + 2  # Laplace's estimate of the rate >= 1/2
+        return list(run if keep else run[:-1])
+
+    def observe_tail(self, req: Request, tokens: list[int]) -> None:
+        """req emitted `tokens` after a step that drafted (part of) a forced run: if the model
+        got as far as the run's tail, learn whether it wrote that token there."""
+        tail, position = req.jump_forward_tail
+        req.jump_forward_tail = None
+        if len(tokens) > position:
+            counts = self._tails.setdefault(tail, [0, 0])
+            counts[0] += tokens[position] == tail
+            counts[1] += 1
 
     def mask(self, logits: torch.Tensor, sampling: list[tuple[Request, int]]) -> None:
         """Mask, in place, every row a constrained request samples from this step. sampling:

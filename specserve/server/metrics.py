@@ -39,6 +39,11 @@ _COUNTERS = (
     ("vllm:num_preemptions", "num_preemptions", "Requests preempted for lack of KV blocks."),
     ("vllm:spec_decode_num_draft_tokens", "num_draft_tokens", "Draft tokens proposed."),
     ("vllm:spec_decode_num_accepted_tokens", "num_accepted_tokens", "Draft tokens accepted."),
+    # vLLM has no equivalent: structured-output tokens forced by the grammar, drafted apart.
+    ("specserve:jump_forward_draft_tokens", "num_jump_forward_tokens",
+     "Grammar-forced tokens verified as drafts."),
+    ("specserve:jump_forward_accepted_tokens", "num_jump_forward_accepted",
+     "Grammar-forced draft tokens accepted."),
 )
 _GAUGES = (
     ("vllm:num_requests_running", "num_running", "Requests in the running batch."),
