@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import torch
 from test_rejection_sampler import ALPHA, chi2_sf
 
 from specserve import LLM, SamplingParams, StructuredOutputsParams
@@ -59,9 +60,9 @@ def test_forced_runs_are_drafted_in_the_models_tokenization_and_doubtful_tails_h
 
 
 def test_greedy_jump_forward_is_lossless_in_a_mixed_batch(llm):
-    """json workload items under their schemas, beside free requests, with jump-forward drafts
-    (the default) and without them (speculation off for the request): identical tokens, and
-    most forced drafts accepted."""
+    """json workload items under their schemas, beside a free request, with jump-forward drafts
+    (the default) and without them (speculation off for the request): identical tokens, most
+    forced drafts accepted, and the proposer's draft counters untouched."""
     items = load_workload("json")[:6]
     convs = [item.messages for item in items] + [[{"role": "user", "content": "Hi there!"}]]
     free = SamplingParams(temperature=0, max_tokens=24)
@@ -72,6 +73,7 @@ def test_greedy_jump_forward_is_lossless_in_a_mixed_batch(llm):
     drafted, accepted = (a - b for a, b in zip(_jump_forward(llm), before, strict=True))
     assert [o.outputs[0].token_ids for o in with_jf] == [o.outputs[0].token_ids for o in without]
     assert drafted > 0 and accepted > drafted // 2, (drafted, accepted)
+    assert all(o.metrics.num_draft_tokens == 0 for o in with_jf)  # counted apart
     for out in with_jf[:-1]:
         if out.outputs[0].finish_reason == "stop":  # a cut-off object is not valid JSON
             json.loads(out.outputs[0].text)
@@ -79,29 +81,56 @@ def test_greedy_jump_forward_is_lossless_in_a_mixed_batch(llm):
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
+def test_jump_forward_survives_a_small_token_budget_and_preemption(llm):
+    """A token budget that cuts drafts short and a KV pool that forces preemption while drafts
+    are pending: the same tokens, and every block free afterwards."""
+    items = load_workload("json")[:4]
+    convs = [item.messages for item in items]
+    reference = llm.chat(convs, [_schema_params(i, speculation_policy="off") for i in items])
+    bs = 16
+    needed = sum(-(-(len(o.prompt_token_ids) + 48) // bs) for o in reference)
+    small = LLM(dtype="float32", num_blocks=needed // 2, block_size=bs,
+                max_num_batched_tokens=24)
+    outs = small.chat(convs, [_schema_params(i) for i in items])
+    assert [o.outputs[0].token_ids for o in outs] == \
+        [o.outputs[0].token_ids for o in reference]
+    stats = small.get_stats()
+    assert stats["num_jump_forward_accepted"] > 0 and stats["num_preemptions"] > 0
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
 def test_nothing_is_drafted_where_speculation_is_off(llm):
+    """Per request (policy off, K = 0), for a seeded sampled request (the number of draws from
+    its generator would depend on the batch), and engine-wide."""
     item = load_workload("json")[0]
     before = _jump_forward(llm)
     llm.chat([item.messages], _schema_params(item, speculation_policy="off"))
     llm.chat([item.messages], _schema_params(item, num_speculative_tokens=0))
+    llm.chat([item.messages], _schema_params(item, temperature=0.8, seed=3))
     assert _jump_forward(llm) == before
+    llm.chat([item.messages], _schema_params(item, temperature=0.8))  # unseeded: drafts
+    assert _jump_forward(llm)[0] > before[0]
+    off = LLM(dtype="float32", speculation_policy="off", kv_cache_memory=64 << 20)
+    off.chat([item.messages], _schema_params(item))
+    assert _jump_forward(off) == (0, 0)
 
 
 def test_sampled_jump_forward_keeps_the_constrained_distribution(llm):
     """Sampling at temperature 1 under a grammar that forces a phrase the model may tokenize
     in more than one way: the distribution of whole replies (token ids) with jump-forward
     drafts is that of constrained sampling without them (a two-sample chi-square test of
-    homogeneity at ALPHA)."""
+    homogeneity at ALPHA). Unseeded requests (seeded ones draft nothing), from a fixed global
+    seed."""
     spec = StructuredOutputsParams(
         grammar='root ::= " The colour is " ("red" | "green" | "blue" | "a shade of grey")')
-    n = 400
+    n = 300
     prompt = "Q: What colour is the sea on a stormy day?\nA:"
 
     def replies(**kw) -> Counter:
-        params = [SamplingParams(temperature=1.0, seed=seed, max_tokens=16,
-                                 structured_outputs=spec, **kw) for seed in range(n)]
+        params = SamplingParams(temperature=1.0, max_tokens=16, structured_outputs=spec, **kw)
         return Counter(tuple(o.outputs[0].token_ids) for o in llm.generate([prompt] * n, params))
 
+    torch.manual_seed(0)
     before = _jump_forward(llm)
     drafted = replies()
     assert _jump_forward(llm)[0] > before[0]  # the forced phrase was drafted

@@ -4,6 +4,7 @@ grammar stays lossless, and bad specs are refused before anything is queued."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 from specserve import LLM, SamplingParams, StructuredOutputsParams
+from specserve.bench.workloads import json_schema, load_workload
 from specserve.engine.request import Request
 
 CITY = {"type": "object", "additionalProperties": False,
@@ -106,6 +108,31 @@ def test_speculation_under_a_grammar_is_lossless(spec_llms, constrained, name):
     assert stats["num_draft_tokens"] > before["num_draft_tokens"]
     if name == "ngram":  # the record to copy is in the prompt
         assert stats["num_accepted_tokens"] > before["num_accepted_tokens"]
+    assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+@pytest.mark.parametrize("name", list(SPEC_CONFIGS))
+def test_jump_forward_beside_a_proposer_is_lossless(llm, spec_llms, name):
+    """Forced drafts and the proposer's in one engine (a stateful draft model catches up over
+    the forced tokens it never proposed): greedy output equals constrained decoding without
+    drafts, and both kinds of drafts were verified."""
+    items = load_workload("json")[:3]
+    params = [SamplingParams(temperature=0, max_tokens=40, structured_outputs=(
+        StructuredOutputsParams(json=json_schema(i), disable_any_whitespace=True)))
+        for i in items]
+    convs = [i.messages for i in items]
+    reference = llm.chat(convs, [dataclasses.replace(p, speculation_policy="off") for p in params])
+    spec = spec_llms[name]
+    before = spec.get_stats()
+    spec.engine.jump_forward_tokens = 8
+    try:
+        outs = spec.chat(convs, params)
+    finally:
+        spec.engine.jump_forward_tokens = 0
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in reference]
+    stats = spec.get_stats()
+    assert stats["num_jump_forward_accepted"] > before["num_jump_forward_accepted"]
+    assert stats["num_draft_tokens"] > before["num_draft_tokens"]
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 

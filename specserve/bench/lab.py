@@ -127,9 +127,15 @@ def prepare_workload(engine: LLMEngine, name: str, items: Sequence[WorkloadItem]
                      cap: int | None = None, scale: float = 1.0) -> PreparedWorkload:
     items = load_workload(name) if items is None else items
     constrained = [i.structured_outputs for i in items]
-    return PreparedWorkload(name, [engine.apply_chat_template(i.messages) for i in items],
-                            [item_max_tokens(i, cap, scale) for i in items],
-                            constrained if any(constrained) else None)
+    workload = PreparedWorkload(name, [engine.apply_chat_template(i.messages) for i in items],
+                                [item_max_tokens(i, cap, scale) for i in items],
+                                constrained if any(constrained) else None)
+    if workload.structured_outputs:
+        # Grammars compile here (the first one also reads the vocabulary into xgrammar),
+        # not inside the first timed run.
+        for i in range(len(items)):
+            engine.compile_grammar(workload.params(i))
+    return workload
 
 
 # ---- the closed loop ----------------------------------------------------------------------------

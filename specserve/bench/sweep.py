@@ -148,7 +148,8 @@ def spec_overhead(run: dict) -> dict:
     outside the target's forward. A point where it drafted nothing did the work of `off` plus
     exactly that share: its throughput gap to `off` beyond the share is the machine's noise."""
     step, spec = run.get("step_time_s"), run.get("spec_time_s")
-    return {"drafted": bool(run.get("num_draft_tokens")),
+    # Forced drafts under a grammar (json-schema) are drafts too: `off` turns them off as well.
+    return {"drafted": bool(run.get("num_draft_tokens") or run.get("num_jump_forward_tokens")),
             "spec_time_frac": spec / step if step and spec is not None else None}
 
 

@@ -66,15 +66,21 @@ def json_schema(item: WorkloadItem) -> dict:
     """The JSON schema that a json item's prompt spells out as a list of "- key: type" lines,
     every key required and in that order, for running the workload under structured outputs.
     Nested types the prompt describes in words ("array of objects with ...") are kept only
-    as array or object."""
+    as array or object. Where the prompt says to use null for what the text does not say,
+    every value may be null."""
+    text = item.messages[-1]["content"]
+    nullable = "null" in text
     props: dict[str, dict] = {}
-    for key, kind in _SCHEMA_LINE.findall(item.messages[-1]["content"]):
+    for key, kind in _SCHEMA_LINE.findall(text):
         if kind in _SCHEMA_TYPES:
-            props[key] = {"type": _SCHEMA_TYPES[kind]}
+            prop = {"type": _SCHEMA_TYPES[kind]}
         elif kind == "array of strings":
-            props[key] = {"type": "array", "items": {"type": "string"}}
+            prop = {"type": "array", "items": {"type": "string"}}
         else:
-            props[key] = {"type": "array" if kind.startswith("array") else "object"}
+            prop = {"type": "array" if kind.startswith("array") else "object"}
+        if nullable:
+            prop["type"] = [prop["type"], "null"]
+        props[key] = prop
     if not props:
         raise ValueError(f"{item.id}: the prompt lists no '- key: type' lines")
     return {"type": "object", "properties": props, "required": list(props),

@@ -137,6 +137,9 @@ class LLMEngine:
         self.load_time = time.perf_counter() - t0
         self._next_id = 0
         self._grammar: GrammarBackend | None = None  # built on the first structured request
+        # Most grammar-forced drafts per request per step (config.jump_forward_tokens); an
+        # attribute, so that a benchmark or test can switch it on one engine.
+        self.jump_forward_tokens = config.jump_forward_tokens
         self._grammar_lock = threading.Lock()
 
     def _build_policy(self, name: str, k_max: int | None = None) -> SpecPolicy | None:
@@ -329,7 +332,7 @@ class LLMEngine:
         for req, _ in sched.scheduled:
             if not req.is_finished:
                 self.block_manager.cache_blocks(req)
-        if self._grammar is not None and self.config.jump_forward_tokens:
+        if self._grammar is not None and self.jump_forward_tokens:
             self._jump_forward()
         if self.proposer is not None:
             t_spec = time.perf_counter()
@@ -383,10 +386,9 @@ class LLMEngine:
 
     def _on_jump_forward_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:
         """Grammar-forced drafts were verified: roll back past the rejected ones. Neither the
-        proposer (it never saw them) nor the policy's acceptance estimates hear of them."""
+        proposer (it never saw them), nor the policy's acceptance estimates, nor the draft
+        counters (engine or request) hear of them: they are counted apart."""
         req.num_computed_tokens -= num_draft - num_accepted
-        req.num_draft_tokens += num_draft
-        req.num_accepted_tokens += num_accepted
         self.stats.num_jump_forward_tokens += num_draft
         self.stats.num_jump_forward_accepted += num_accepted
 
@@ -394,14 +396,19 @@ class LLMEngine:
         """Draft what the grammar forces next for each decoding structured-output request,
         whatever the policy would choose: a forced draft is nearly always accepted (95-99% on
         the json workload's schemas), so it costs one row of the forward and saves a request a
-        step, at any batch size. A request or engine whose policy is `off` drafts none."""
-        if self.spec_policy is not None and self.spec_policy.name == "off":
+        step, at any batch size. A request or engine whose policy is `off` drafts none.
+        Nor does a seeded sampled request: each draft draws from its generator, and how many
+        it gets depends on the batch (the token budget, other requests' tails), which would
+        break "the same seed, the same tokens, whatever else runs"."""
+        policy = self.spec_policy.name if self.spec_policy else self.config.speculation_policy
+        if policy == "off":
             return
-        limit = self.config.jump_forward_tokens
+        limit = self.jump_forward_tokens
         for req in self.scheduler.running:
             if (req.grammar is None or req.spec_token_ids or req.grammar.is_terminated()
                     or req.num_computed_tokens != req.num_tokens - 1
-                    or req.params.speculation_policy == "off"):
+                    or req.params.speculation_policy == "off"
+                    or (req.generator is not None and not req.params.is_greedy)):
                 continue
             cap = min(limit, req.max_tokens - req.num_output_tokens - 1,
                       self.max_model_len - req.num_tokens - 1)
