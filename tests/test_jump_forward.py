@@ -54,6 +54,15 @@ def test_forced_runs_are_drafted_in_the_models_tokenization_and_doubtful_tails_h
     assert backend.forced_tokens(req, 16) == run[:-1]
     step(run)  # held back, and the model wrote it there (the bonus token): 1 of 2
     assert backend.forced_tokens(req, 16) == run
+
+    class SpacePrefixing:  # as SentencePiece (Llama 2) encodes: a space before the first word
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return tok.encode(" " + text, add_special_tokens=add_special_tokens)
+
+    backend._tokenizer = SpacePrefixing()
+    backend._encode.cache_clear()
+    # Its tokens would spell " The answer is ": xgrammar's own tokens are drafted instead.
+    assert backend.forced_tokens(req, 16) == req.grammar.find_jump_forward_tokens() != []
     for token in run:
         assert req.grammar.accept_token(token)
     assert backend.forced_tokens(req, 16) == []  # yes or no: the model decides

@@ -55,10 +55,11 @@ class GrammarBackend:
         self._compiler = xgr.GrammarCompiler(info, max_threads=2,
                                              cache_limit_bytes=GRAMMAR_CACHE_BYTES)
         self._eos = list(eos_token_ids)
+        self._tokenizer = tokenizer
+        self._token_bytes = info.decoded_vocab  # each token's bytes, as the grammar reads them
         # A schema's forced runs (`", "name": "`) recur in every request that uses it: each is
         # encoded once, not at every step of every request.
-        self._encode = functools.lru_cache(maxsize=1 << 12)(
-            lambda text: tuple(tokenizer.encode(text, add_special_tokens=False)))
+        self._encode = functools.lru_cache(maxsize=1 << 12)(self._encode_run)
         self.vocab_size = vocab_size
         # Per token that ended a forced run: [times the model wrote it there, times observed].
         self._tails: dict[int, list[int]] = {}
@@ -103,7 +104,8 @@ class GrammarBackend:
         """Up to `limit` draft tokens for the text req's grammar forces next (none if it forces
         nothing). The text is encoded with the model's own tokenizer: xgrammar's tokens for
         it (longest match) split words differently from BPE, and the model writes BPE (on the
-        json workload's schemas they were accepted 79% of the time against 86%).
+        json workload's schemas they were accepted 89% of the time against 95%). Where the
+        tokenizer's tokens do not spell the text exactly, xgrammar's are drafted instead.
 
         The last token of a forced run is the doubtful one: the free text after it may merge
         into it (the run `"name"` ends in `"`, and the model writes `":`; `: [` where it writes
@@ -117,6 +119,10 @@ class GrammarBackend:
         if not text:
             return []
         run = self._encode(text)
+        if run is None:  # the tokenizer's tokens do not spell the run: xgrammar's do
+            run = tuple(req.grammar.find_jump_forward_tokens())
+            if not run:
+                return []
         if len(run) > limit:
             return list(run[:limit])  # the run goes on: its last draft is not its tail
         tail = run[-1]
@@ -124,6 +130,17 @@ class GrammarBackend:
         hits, seen = self._tails.get(tail, (0, 0))
         keep = 2 * (hits + 1) >= seen + 2  # Laplace's estimate of the rate >= 1/2
         return list(run if keep else run[:-1])
+
+    def _encode_run(self, text: str) -> tuple[int, ...] | None:
+        """The model tokenizer's tokens for a forced run, or None where they do not spell
+        exactly its bytes: a SentencePiece tokenizer (Llama 2's) puts a space before the first
+        word of any text it encodes, and every such draft would be rejected."""
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        try:
+            spelled = b"".join(self._token_bytes[t] for t in ids)
+        except IndexError:  # an id beyond the model's vocabulary (added tokens)
+            return None
+        return tuple(ids) if spelled == text.encode() else None
 
     def observe_tail(self, req: Request, tokens: list[int]) -> None:
         """req emitted `tokens` after a step that drafted (part of) a forced run: if the model
