@@ -113,14 +113,14 @@ def test_nothing_is_drafted_where_speculation_is_off(llm):
     its generator would depend on the batch), and engine-wide."""
     item = load_workload("json")[0]
     before = _jump_forward(llm)
-    llm.chat([item.messages], _schema_params(item, speculation_policy="off"))
-    llm.chat([item.messages], _schema_params(item, num_speculative_tokens=0))
-    llm.chat([item.messages], _schema_params(item, temperature=0.8, seed=3))
+    llm.chat([item.messages], _schema_params(item, speculation_policy="off", max_tokens=12))
+    llm.chat([item.messages], _schema_params(item, num_speculative_tokens=0, max_tokens=12))
+    llm.chat([item.messages], _schema_params(item, temperature=0.8, seed=3, max_tokens=12))
     assert _jump_forward(llm) == before
-    llm.chat([item.messages], _schema_params(item, temperature=0.8))  # unseeded: drafts
+    llm.chat([item.messages], _schema_params(item, temperature=0.8, max_tokens=12))  # drafts
     assert _jump_forward(llm)[0] > before[0]
     off = LLM(dtype="float32", speculation_policy="off", kv_cache_memory=64 << 20)
-    off.chat([item.messages], _schema_params(item))
+    off.chat([item.messages], _schema_params(item, max_tokens=12))
     assert _jump_forward(off) == (0, 0)
 
 
@@ -132,7 +132,7 @@ def test_sampled_jump_forward_keeps_the_constrained_distribution(llm):
     seed."""
     spec = StructuredOutputsParams(
         grammar='root ::= " The colour is " ("red" | "green" | "blue" | "a shade of grey")')
-    n = 300
+    n = 240
     prompt = "Q: What colour is the sea on a stormy day?\nA:"
 
     def replies(**kw) -> Counter:
