@@ -410,8 +410,7 @@ class LLMEngine:
                     or req.params.speculation_policy == "off"
                     or (req.generator is not None and not req.params.is_greedy)):
                 continue
-            cap = min(limit, req.max_tokens - req.num_output_tokens - 1,
-                      self.max_model_len - req.num_tokens - 1)
+            cap = min(limit, self._draft_room(req))
             if req.params.num_speculative_tokens is not None:
                 cap = min(cap, req.params.num_speculative_tokens)
             if cap > 0:
@@ -419,6 +418,12 @@ class LLMEngine:
                 if tokens:
                     req.spec_token_ids, req.spec_probs = tokens, None
                     req.spec_from_grammar = True
+
+    def _draft_room(self, req: Request) -> int:
+        """The most drafts req can use: never guess past max_tokens or the context, where
+        those tokens could not be emitted."""
+        return max(min(req.max_tokens - req.num_output_tokens - 1,
+                       self.max_model_len - req.num_tokens - 1), 0)
 
     def _propose(self) -> None:
         """Choose K per decoding request (the policy) and guess that many tokens."""
@@ -429,9 +434,7 @@ class LLMEngine:
             if req.spec_token_ids:
                 continue  # not scheduled this step (token budget): its guesses still wait
             reqs.append(req)
-            # Never guess past max_tokens or the context: those tokens could not be emitted.
-            caps.append(max(min(req.max_tokens - req.num_output_tokens - 1,
-                                self.max_model_len - req.num_tokens - 1), 0))
+            caps.append(self._draft_room(req))
             forced.append(req.params.speculation_policy)
         if not reqs:
             return
