@@ -58,8 +58,7 @@ def _item_from_record(name: str, record: dict) -> WorkloadItem:
 
 
 _SCHEMA_LINE = re.compile(r"^- (\w+): (.+)$", re.MULTILINE)
-_SCHEMA_TYPES = {"string": "string", "integer": "integer", "number": "number",
-                 "boolean": "boolean"}
+_SCALAR_TYPES = frozenset({"string", "integer", "number", "boolean"})  # as JSON schema names them
 
 
 def json_schema(item: WorkloadItem) -> dict:
@@ -72,8 +71,8 @@ def json_schema(item: WorkloadItem) -> dict:
     nullable = "null" in text
     props: dict[str, dict] = {}
     for key, kind in _SCHEMA_LINE.findall(text):
-        if kind in _SCHEMA_TYPES:
-            prop = {"type": _SCHEMA_TYPES[kind]}
+        if kind in _SCALAR_TYPES:
+            prop = {"type": kind}
         elif kind == "array of strings":
             prop = {"type": "array", "items": {"type": "string"}}
         else:
