@@ -78,3 +78,63 @@ def test_small_row_kernel_matches_float64_and_takes_fp32_activations():
         assert got32.dtype == torch.float32
         torch.testing.assert_close(got32.double(), x.double() @ w.double().T, rtol=1e-5,
                                    atol=1e-5)
+
+
+def _amx_or_skip() -> int:
+    rows = linear.amx_rows()
+    if not rows:
+        pytest.skip("no AMX tiles here (or SPECSERVE_NO_AMX is set)")
+    return rows
+
+
+@pytest.mark.parametrize("n", [48, 64])  # 3 output blocks (one at a time), 4 (in pairs)
+def test_amx_kernel_matches_float64_at_every_row_count(n):
+    """bf16 products summed in fp32 and rounded once: equal to the float64 result to bf16
+    rounding, with and without a bias, for the row counts of each tile path (one 16-row block;
+    32-row pairs with padding) and none."""
+    max_rows = _amx_or_skip()
+    m = linear.paged_attention_ext.module()
+    torch.manual_seed(2)
+    w = torch.randn(n, 96).bfloat16()  # K = 3 tiles of 32: an odd count for the 16-row path
+    packed = linear.amx_pack_weight(w)
+    for bias in (torch.empty(0), torch.randn(n).bfloat16(), torch.randn(n)):
+        for rows in (0, 1, 5, 16, 17, 31, 32, 33, 48, max_rows):
+            x = torch.randn(rows, 96).bfloat16()
+            got = m.amx_linear(x, packed, bias)
+            ref = x.double() @ w.double().T + (bias.double() if bias.numel() else 0)
+            assert got.dtype == torch.bfloat16 and got.shape == (rows, n)
+            torch.testing.assert_close(got.double(), ref, rtol=2**-8, atol=1e-5)
+    with pytest.raises(RuntimeError, match="at most"):
+        m.amx_linear(torch.zeros(max_rows + 1, 96).bfloat16(), packed, torch.empty(0))
+    with pytest.raises(RuntimeError, match="packed by amx_pack_weight"):
+        m.amx_linear(torch.zeros(2, 64).bfloat16(), packed, torch.empty(0))
+
+
+def test_a_packed_bf16_layer_runs_amx_for_decode_rows_and_onednn_beyond(monkeypatch):
+    max_rows = _amx_or_skip()
+    torch.manual_seed(3)
+    lin = nn.Linear(64, 80, bias=True).to(torch.bfloat16)
+    packed = linear.PackedLinear(lin.weight, lin.bias, amx=True)
+    assert packed.amx_rows == max_rows and packed.weight_nbytes == 2 * lin.weight.nbytes
+    assert linear.PackedLinear(lin.weight, lin.bias).amx_rows == 0  # only when asked for
+    calls = []
+    ext = linear.paged_attention_ext.module()
+    monkeypatch.setattr(linear.paged_attention_ext, "module", lambda: type(
+        "Spy", (), {"amx_linear": lambda *a: calls.append(a[0].shape[0]) or ext.amx_linear(*a)}))
+    for rows in (1, max_rows, max_rows + 1):
+        x = torch.randn(rows, 64, dtype=torch.bfloat16)
+        ref = x.double() @ lin.weight.double().T + lin.bias.double()
+        torch.testing.assert_close(packed(x).double(), ref, rtol=2**-8, atol=1e-5)
+    assert calls == [1, max_rows]  # the prefill-sized call went to oneDNN
+    # 60 inputs are not whole tiles of 32: such a layer stays with oneDNN alone.
+    assert linear.PackedLinear(lin.weight[:, :60].contiguous(), None, amx=True).amx_rows == 0
+
+
+def test_pack_linears_counts_the_amx_copy_and_the_switch_turns_it_off(monkeypatch):
+    _amx_or_skip()
+    model = nn.Sequential(nn.Linear(32, 48, bias=False)).to(torch.bfloat16)
+    assert linear.pack_linears(model) == model[0].weight_amx.nbytes == 32 * 48 * 2
+    monkeypatch.setenv("SPECSERVE_NO_AMX", "1")
+    assert linear.amx_rows() == 0
+    model = nn.Sequential(nn.Linear(32, 48, bias=False)).to(torch.bfloat16)
+    assert linear.pack_linears(model) == 0 and model[0].amx_rows == 0

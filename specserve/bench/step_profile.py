@@ -19,6 +19,7 @@ from specserve.llm import LLM
 from specserve.sampling_params import SamplingParams
 
 MATMUL_OPS = {"aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "specserve::bf16_linear",
+              "specserve::amx_linear",
               "aten::_weight_int8pack_mm",
               "aten::_weight_int4pack_mm_for_cpu", "aten::_weight_int4pack_mm"}
 ATTENTION_OPS = {"aten::bmm", "aten::_softmax", "aten::index_select", "aten::index_copy_",

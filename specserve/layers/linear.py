@@ -12,9 +12,17 @@ fp32 accumulation that a bf16 GEMM computes, at fp32 GEMM speed. Reading that im
 the weight's bytes, which is what bounds decoding, so up to `small_rows()` rows the layer reads
 the bf16 weight itself with a kernel that widens it in registers (csrc/bf16_gemv.cpp): 2x faster
 at 1-4 rows on a 2-core Zen 3. Such a layer holds both (3x the bf16 bytes).
+
+On a CPU with AMX tiles (Intel Xeon since Sapphire Rapids), up to `amx_rows()` rows of a bf16
+layer run our AMX kernel (csrc/amx_linear.cpp) on a second copy of the weight in AMX's tile
+order: it streams the weight once for all the rows, where oneDNN's packed GEMM reads it at
+a fraction of the memory bandwidth at decode batch sizes (docs/performance.md, session 25).
+oneDNN keeps the longer prefill chunks. `SPECSERVE_NO_AMX=1` turns the kernel off.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import nn
@@ -42,8 +50,25 @@ def small_rows() -> int:
     return ext.bf16_linear_max_rows() if ext is not None and ext.bf16_linear_vectorized() else 0
 
 
+def amx_rows() -> int:
+    """Rows up to which a bf16 layer runs the AMX kernel; 0 where the CPU, the build or the
+    kernel (Linux grants the tile state per process) lacks AMX, or SPECSERVE_NO_AMX is set."""
+    if os.environ.get("SPECSERVE_NO_AMX", "") not in ("", "0"):
+        return 0
+    ext = paged_attention_ext.module()
+    return ext.amx_linear_max_rows() if ext is not None and ext.amx_linear_available() else 0
+
+
+def amx_pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [N / 16, K / 32, 16, 16, 2]: tiles of 16 outputs x 32 inputs, pairs of inputs
+    interleaved (AMX's bf16 operand order), each output block's tiles contiguous along K."""
+    n, k = weight.shape
+    return weight.view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
+
+
 class PackedLinear(nn.Module):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = 32):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = 32,
+                 amx: bool = False):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.dtype = weight.dtype  # of the activations in and out
@@ -58,10 +83,21 @@ class PackedLinear(nn.Module):
         self.small_rows = small_rows() if self.upcast else 0
         self.weight_bf16 = weight.detach().contiguous() if self.small_rows else _EMPTY
         self._bias_or_empty = _EMPTY if self.bias is None else self.bias
-        self.weight_nbytes = w.nbytes + self.weight_bf16.nbytes
+        # amx: this layer may hold the AMX kernel's copy (pack_linears asks for it; an int4
+        # layer's bf16 twin, kept for memory's sake, does not).
+        n, k = weight.shape
+        self.amx_rows = (amx_rows() if amx and weight.dtype == torch.bfloat16 and not self.upcast
+                         and n % 16 == 0 and k % 32 == 0 else 0)
+        self.weight_amx = amx_pack_weight(weight.detach()) if self.amx_rows else _EMPTY
+        self._amx_bias = (_EMPTY if bias is None or not self.amx_rows
+                          else bias.detach().float().contiguous())
+        self.weight_nbytes = w.nbytes + self.weight_bf16.nbytes + self.weight_amx.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if not self.upcast:
+            if x.dim() == 2 and x.shape[0] <= self.amx_rows:
+                return paged_attention_ext.module().amx_linear(x.contiguous(), self.weight_amx,
+                                                               self._amx_bias)
             return _LINEAR_POINTWISE(x, self.packed, self.bias, "none", [], "")
         if x.dim() == 2 and x.shape[0] <= self.small_rows:
             return paged_attention_ext.module().bf16_linear(x.contiguous(), self.weight_bf16,
@@ -92,10 +128,10 @@ def pack_linears(model: nn.Module) -> int:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         tied = weight is getattr(getattr(model, "embed_tokens", None), "weight", None)
-        packed = PackedLinear(weight, bias)
+        packed = PackedLinear(weight, bias, amx=True)
         setattr(parent, child, packed)
         # The weight was counted before packing: when the module keeps it (small-row kernel)
-        # or it is not tied (dropped), its bytes are not new.
+        # or it is not tied (dropped), its bytes are not new. An AMX copy is new.
         kept = packed.weight_bf16.numel() > 0
         added += packed.weight_nbytes - (weight.nbytes if kept or not tied else 0)
     return added

@@ -33,10 +33,11 @@ logger = logging.getLogger(__name__)
 
 _SOURCE_PATHS = [Path(__file__).with_name("csrc") / f
                  for f in ("paged_attention.cpp", "fused_ops.cpp", "bf16_gemv.cpp",
-                           "argmax.cpp", "layer_loop.cpp")]
+                           "argmax.cpp", "amx_linear.cpp", "layer_loop.cpp")]
 _FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm_", "rope_write_kv",
               "silu_and_mul", "argmax_rows", "bf16_linear", "bf16_linear_vectorized",
-              "bf16_linear_max_rows", "register_layer_plan", "free_layer_plan", "run_layer_plan"]
+              "bf16_linear_max_rows", "amx_linear", "amx_linear_available",
+              "amx_linear_max_rows", "register_layer_plan", "free_layer_plan", "run_layer_plan"]
 _CFLAGS = [
     "-O3",
     "-march=native",

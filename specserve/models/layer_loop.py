@@ -34,7 +34,8 @@ def _encode(lin: nn.Module, dtype: torch.dtype) -> tuple[list[torch.Tensor], lis
     as its module does."""
     if type(lin) is PackedLinear and lin.dtype == dtype:
         kind = PACKED_UPCAST if lin.upcast else PACKED
-        return [lin.packed, lin.weight_bf16, _EMPTY if lin.bias is None else lin.bias], [kind, 0]
+        aux = lin.weight_bf16 if lin.upcast else lin.weight_amx  # the few-rows kernel's copy
+        return [lin.packed, aux, _EMPTY if lin.bias is None else lin.bias], [kind, 0]
     if type(lin) is nn.Linear:
         return [lin.weight, _EMPTY, _EMPTY if lin.bias is None else lin.bias], [DENSE, 0]
     if isinstance(lin, Int4Linear) and lin._direct and lin.compute_dtype == dtype:

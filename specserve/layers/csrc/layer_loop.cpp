@@ -30,7 +30,9 @@ enum LinearKind : int64_t { kPacked = 0, kInt4 = 1, kInt8 = 2, kDense = 3, kPack
 struct PlanLinear {
   int64_t kind = kDense;
   int64_t group = 0;
-  at::Tensor w, aux, bias;  // aux: int4 scales_and_zeros / int8 scales; bias may be undefined
+  // aux: int4 scales_and_zeros / int8 scales / the bf16 weight of kPackedUpcast / the AMX copy
+  // of kPacked (may be empty); bias may be undefined.
+  at::Tensor w, aux, bias;
   // kInt4 only, may be undefined: the oneDNN-packed bf16 image of the same integers, which
   // beats torch's int4 kernel past a few rows (quant/int4.py); it arrives in the bias slot.
   at::Tensor twin;
@@ -73,7 +75,8 @@ at::Tensor run_packed(const at::Tensor& w, const at::Tensor& bias, const at::Ten
 
 at::Tensor run_linear(const PlanLinear& l, const at::Tensor& x, int64_t int4_max_rows) {
   switch (l.kind) {
-    case kPacked:
+    case kPacked:  // aux: the weight in AMX tile order, read by amx_linear.cpp for up to 64 rows
+      if (l.aux.numel() && x.size(0) <= kAmxMaxRows) return amx_linear_impl(x, l.aux, l.bias);
       return run_packed(l.w, l.bias, x);
     case kPackedUpcast:  // aux: the bf16 weight, read directly for a few rows (bf16_gemv.cpp)
       if (l.aux.numel() && x.size(0) <= kBf16LinearMaxRows)
