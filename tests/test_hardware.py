@@ -121,11 +121,11 @@ def test_a_packed_bf16_layer_runs_amx_for_decode_rows_and_onednn_beyond(monkeypa
     ext = linear.paged_attention_ext.module()
     monkeypatch.setattr(linear.paged_attention_ext, "module", lambda: type(
         "Spy", (), {"amx_linear": lambda *a: calls.append(a[0].shape[0]) or ext.amx_linear(*a)}))
-    for rows in (1, max_rows, max_rows + 1):
+    for rows in (0, 1, max_rows, max_rows + 1):
         x = torch.randn(rows, 64, dtype=torch.bfloat16)
         ref = x.double() @ lin.weight.double().T + lin.bias.double()
         torch.testing.assert_close(packed(x).double(), ref, rtol=2**-8, atol=1e-5)
-    assert calls == [1, max_rows]  # the prefill-sized call went to oneDNN
+    assert calls == [1, max_rows]  # the empty and the prefill-sized calls went to oneDNN
     # 60 inputs are not whole tiles of 32: such a layer stays with oneDNN alone.
     assert linear.PackedLinear(lin.weight[:, :60].contiguous(), None, amx=True).amx_rows == 0
 

@@ -95,7 +95,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if not self.upcast:
-            if x.dim() == 2 and x.shape[0] <= self.amx_rows:
+            if x.dim() == 2 and 0 < x.shape[0] <= self.amx_rows:
                 return paged_attention_ext.module().amx_linear(x.contiguous(), self.weight_amx,
                                                                self._amx_bias)
             return _LINEAR_POINTWISE(x, self.packed, self.bias, "none", [], "")
