@@ -87,7 +87,9 @@ def _amx_or_skip() -> int:
     return rows
 
 
-@pytest.mark.parametrize("n", [48, 64])  # 3 output blocks (one at a time), 4 (in pairs)
+# Output blocks of 16: 3 and 17 run one at a time, 4 and 32 in pairs; 17 and 32 split across
+# threads.
+@pytest.mark.parametrize("n", [48, 64, 272, 512])
 def test_amx_kernel_matches_float64_at_every_row_count(n):
     """bf16 products summed in fp32 and rounded once: equal to the float64 result to bf16
     rounding, with and without a bias, for the row counts of each tile path (one 16-row block;

@@ -63,7 +63,7 @@ def amx_pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """[N, K] -> [N / 16, K / 32, 16, 16, 2]: tiles of 16 outputs x 32 inputs, pairs of inputs
     interleaved (AMX's bf16 operand order), each output block's tiles contiguous along K."""
     n, k = weight.shape
-    return weight.view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
+    return weight.contiguous().view(n // 16, 16, k // 32, 16, 2).permute(0, 2, 3, 1, 4).contiguous()
 
 
 class PackedLinear(nn.Module):

@@ -19,7 +19,7 @@ import torch
 
 from specserve.engine.model_runner import kv_bytes_per_token
 from specserve.engine.request import Request
-from specserve.layers.linear import pack_linears
+from specserve.layers.linear import PackedLinear, pack_linears
 from specserve.quant.swap import model_nbytes
 from specserve.spec_decode.draft_head import draft_tokens
 from specserve.spec_decode.eagle_head import aux_feature
@@ -154,8 +154,13 @@ class EagleProposer(ModelProposer):
         if shared_head:
             own -= self.model.lm_head.weight.nbytes
         pack_linears(self.model)
-        if shared_head and not isinstance(self.model.lm_head, torch.nn.Linear):
-            own += self.model.lm_head.weight_nbytes  # packing made the head a copy after all
+        head = self.model.lm_head
+        if shared_head and not isinstance(head, torch.nn.Linear):
+            own += head.weight_nbytes  # packing made the head a copy after all
+        # Packing re-lays a weight in place of the one counted above, but the AMX kernel's copy
+        # (layers/linear.py) is held beside it.
+        own += sum(m.weight_amx.nbytes for m in self.model.modules()
+                   if isinstance(m, PackedLinear) and not (shared_head and m is head))
         self.weight_bytes = own
         self.dtype = dtype
         self.block_size = block_size

@@ -4,7 +4,8 @@
 // memory bandwidth over two cores), oneDNN's packed bf16 GEMM read SmolLM2-135M's 269 MB of
 // weights at ~16 GB/s for one row and ~13 GB/s for 32 (docs/performance.md, session 25), while
 // the arithmetic of 64 rows takes AMX a fraction of that time. This kernel streams each weight
-// exactly once, in the order it lies in memory, for every row of the batch at once.
+// once, in the order it lies in memory, for up to 32 rows at once (33-64 rows read each block's
+// tiles a second time, from the cache).
 //
 // Layout (amx_pack_weight in layers/linear.py): the [N, K] weight as tiles of 16 output columns
 // x 32 inputs, in AMX's pair-interleaved ("VNNI") order; an output block's tiles lie one after
@@ -58,8 +59,9 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Tiles 0-3: fp32 accumulators (16 rows x 16 columns); 4, 6: activations (16 rows x 32 bf16);
-// 5, 7: weights (16 pair-rows x 16 columns x 2). Every tile is 16 rows of 64 bytes.
+// Every tile is 16 rows of 64 bytes: 0-3 are fp32 accumulators (16 rows x 16 columns), 4-7
+// operands: 16 rows x 32 bf16 of activations, or 16 pair-rows x 16 columns x 2 of weights
+// (amx_blocks: 4, 6 activations and 5, 7 weights; amx_pairs: 4, 5 and 6, 7).
 const TileConfig& tile_config() {
   static const TileConfig cfg = [] {
     TileConfig c;
@@ -170,6 +172,7 @@ void amx_pairs(const c10::BFloat16* xp, int64_t K, const c10::BFloat16* wp, int6
     const c10::BFloat16* w1 = w0 + KB * kTileElems;
     for (int64_t m0 = 0; m0 < M; m0 += 32) {
       const c10::BFloat16* x0 = xp + m0 * K;
+      const int64_t rows = std::min<int64_t>(32, M - m0);
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
@@ -188,7 +191,6 @@ void amx_pairs(const c10::BFloat16* xp, int64_t K, const c10::BFloat16* wp, int6
       _tile_stored(1, acc + 256, 64);
       _tile_stored(2, acc + 512, 64);
       _tile_stored(3, acc + 768, 64);
-      const int64_t rows = std::min<int64_t>(32, M - m0);
       c10::BFloat16* out = y + m0 * N + nb * 16;
       store_rows(acc, rows, bias ? bias + nb * 16 : nullptr, out, N);
       store_rows(acc + 512, rows, bias ? bias + nb * 16 + 16 : nullptr, out + 16, N);
@@ -207,7 +209,8 @@ bool amx_linear_available() { return amx_permitted(); }
 int64_t amx_linear_max_rows() { return kAmxMaxRows; }
 
 // x [M, K] bf16 (M <= 64); wp the packed weight ([N / 16, K / 32, 16, 16, 2] bf16); bias [N]
-// (any float dtype) or empty / undefined. Returns [M, N] bf16. Called with the GIL released (layer loop).
+// (any float dtype) or empty / undefined. Returns [M, N] bf16. Called with the GIL released
+// (layer loop).
 at::Tensor amx_linear_impl(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& bias) {
   TORCH_CHECK(amx_permitted(), "amx_linear: AMX is not available in this build or process");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16,
