@@ -25,6 +25,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -59,19 +60,22 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Every tile is 16 rows of 64 bytes: 0-3 are fp32 accumulators (16 rows x 16 columns), 4-7
-// operands: 16 rows x 32 bf16 of activations, or 16 pair-rows x 16 columns x 2 of weights
-// (amx_blocks: 4, 6 activations and 5, 7 weights; amx_pairs: 4, 5 and 6, 7).
-const TileConfig& tile_config() {
-  static const TileConfig cfg = [] {
-    TileConfig c;
-    for (int t = 0; t < 8; ++t) {
-      c.rows[t] = 16;
-      c.colsb[t] = 64;
-    }
+// Tiles are 64 bytes wide: 0-3 are fp32 accumulators (16 columns), 4-7 operands: rows of 32
+// bf16 activations, or 16 pair-rows x 16 columns x 2 of weights (amx_blocks: 4, 6 activations
+// and 5, 7 weights; amx_pairs: 4, 5 and 6, 7). tile_config(r): accumulators and activation
+// tiles of r rows (fewer than 16 for a batch of r < 16 rows, which then needs no padding),
+// weights of 16; amx_pairs uses tile_config(16).
+const TileConfig& tile_config(int64_t rows) {
+  static const auto configs = [] {
+    std::array<TileConfig, 17> c{};
+    for (int r = 1; r <= 16; ++r)
+      for (int t = 0; t < 8; ++t) {
+        c[r].rows[t] = (t == 5 || t == 7) ? 16 : r;  // 5, 7 are amx_blocks' weight tiles
+        c[r].colsb[t] = 64;
+      }
     return c;
   }();
-  return cfg;
+  return configs[rows];
 }
 
 // out[m, 0:16] = bf16(acc[m, 0:16] + bias[0:16]) for m < M (out's rows ldo apart), rounding to
@@ -92,7 +96,8 @@ inline void store_rows(const float* acc, int64_t M, const float* bias, c10::BFlo
 #endif
 }
 
-// Output blocks [nb0, nb1) for MB 16-row blocks of x (xp: [16 MB, K] bf16, zero-padded).
+// Output blocks [nb0, nb1) for MB 16-row blocks of x (xp: [16 MB, K] bf16, zero-padded; or
+// MB = 1 and M < 16 rows as they are).
 // Two k-blocks per iteration, on alternating activation / weight tiles, so that a tile load
 // does not wait for the product that still reads the previous one.
 template <int MB>
@@ -101,7 +106,7 @@ void amx_blocks(const c10::BFloat16* xp, int64_t K, const c10::BFloat16* wp, int
   const int64_t KB = K / 32;
   const int64_t xstride = K * 2;  // bytes between rows of x
   alignas(64) float acc[64 * 16];
-  _tile_loadconfig(&tile_config());
+  _tile_loadconfig(&tile_config(MB == 1 ? M : 16));
   for (int64_t nb = nb0; nb < nb1; ++nb) {
     const c10::BFloat16* w = wp + nb * KB * kTileElems;
     _tile_zero(0);
@@ -165,7 +170,7 @@ void amx_pairs(const c10::BFloat16* xp, int64_t K, const c10::BFloat16* wp, int6
   const int64_t KB = K / 32;
   const int64_t xstride = K * 2;
   alignas(64) float acc[4 * 256];
-  _tile_loadconfig(&tile_config());
+  _tile_loadconfig(&tile_config(16));
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t nb = 2 * p;
     const c10::BFloat16* w0 = wp + nb * KB * kTileElems;
@@ -233,7 +238,7 @@ at::Tensor amx_linear_impl(const at::Tensor& x, const at::Tensor& wp, const at::
   const int64_t NB = N / 16;
   const bool pairs = MB > 1 && NB % 2 == 0;
   // The activation tiles read 16 rows, 32 for pairs: pad x with zero rows (a few KB).
-  const int64_t padded = pairs ? (M + 31) / 32 * 32 : MB * 16;
+  const int64_t padded = pairs ? (M + 31) / 32 * 32 : MB == 1 ? M : MB * 16;
   at::Tensor xp = x.contiguous();
   if (padded != M) {
     xp = at::zeros({padded, K}, x.options());
