@@ -89,15 +89,14 @@ class PackedLinear(nn.Module):
         self.amx_rows = (amx_rows() if amx and weight.dtype == torch.bfloat16 and not self.upcast
                          and n % 16 == 0 and k % 32 == 0 else 0)
         self.weight_amx = amx_pack_weight(weight.detach()) if self.amx_rows else _EMPTY
-        self._amx_bias = (_EMPTY if bias is None or not self.amx_rows
-                          else bias.detach().float().contiguous())
         self.weight_nbytes = w.nbytes + self.weight_bf16.nbytes + self.weight_amx.nbytes
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         if not self.upcast:
             if x.dim() == 2 and 0 < x.shape[0] <= self.amx_rows:
-                return paged_attention_ext.module().amx_linear(x.contiguous(), self.weight_amx,
-                                                               self._amx_bias)
+                # the bias as the layer loop passes it (the packed dtype; the kernel widens it)
+                return paged_attention_ext.module().amx_linear(x, self.weight_amx,
+                                                               self._bias_or_empty)
             return _LINEAR_POINTWISE(x, self.packed, self.bias, "none", [], "")
         if x.dim() == 2 and x.shape[0] <= self.small_rows:
             return paged_attention_ext.module().bf16_linear(x.contiguous(), self.weight_bf16,

@@ -100,6 +100,8 @@ inline void store_rows(const float* acc, int64_t M, const float* bias, c10::BFlo
 // MB = 1 and M < 16 rows as they are).
 // Two k-blocks per iteration, on alternating activation / weight tiles, so that a tile load
 // does not wait for the product that still reads the previous one.
+// (The tile numbers are spelled out: gcc's AMX intrinsics are macros that paste them into the
+// instruction text, so they cannot come from a template parameter.)
 template <int MB>
 void amx_blocks(const c10::BFloat16* xp, int64_t K, const c10::BFloat16* wp, int64_t nb0,
                 int64_t nb1, int64_t M, int64_t N, const float* bias, c10::BFloat16* y) {
@@ -239,10 +241,11 @@ at::Tensor amx_linear_impl(const at::Tensor& x, const at::Tensor& wp, const at::
   const bool pairs = MB > 1 && NB % 2 == 0;
   // The activation tiles read 16 rows, 32 for pairs: pad x with zero rows (a few KB).
   const int64_t padded = pairs ? (M + 31) / 32 * 32 : MB == 1 ? M : MB * 16;
-  at::Tensor xp = x.contiguous();
+  const at::Tensor xc = x.contiguous();
+  at::Tensor xp = xc;
   if (padded != M) {
     xp = at::zeros({padded, K}, x.options());
-    std::memcpy(xp.data_ptr(), x.contiguous().data_ptr(), M * K * sizeof(c10::BFloat16));
+    std::memcpy(xp.data_ptr(), xc.data_ptr(), M * K * sizeof(c10::BFloat16));
   }
   const auto* xd = xp.data_ptr<c10::BFloat16>();
   const auto* wd = wp.data_ptr<c10::BFloat16>();
