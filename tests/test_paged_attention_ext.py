@@ -103,6 +103,28 @@ def test_spec_verify(dtype, head_dim, heads):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+def test_nan_past_the_context_is_masked(dtype, head_dim, block_size):
+    """The rest of a sequence's last block holds NaN. On AMX CPUs the bf16 kernel scores whole
+    groups of 16 slots there and must mask those scores: a NaN mixed into a softmax or P.V would
+    show in every output row of the sequence."""
+    ctx, q_lens = [1, 15, 16, 17, 33, 47, 100], [1, 1, 1, 5, 1, 3, 1]
+    q, kc, vc, bt, ts, tp = make_case(ctx, q_lens, 9, 3, head_dim, dtype, block_size, seed=5)
+    for s, c in enumerate(ctx):
+        for pos in range(c, -(-c // block_size) * block_size):
+            slot = int(bt[s, pos // block_size]) * block_size + pos % block_size
+            kc[slot] = float("nan")
+            vc[slot] = float("nan")
+    scale = head_dim ** -0.5
+    out = ext.paged_attention_short(q, kc, vc, bt, ts, tp, block_size, scale)
+    ref = reference(q, kc, vc, bt, ts, tp, block_size, scale)
+    assert not ref.isnan().any()
+    atol, rtol = TOL[dtype]
+    assert ((out.double() - ref).abs() - atol - rtol * ref.abs()).max().item() <= 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_long_run_and_generic_head_dim(dtype):
     # 20 query tokens of one sequence (more than one run), head_dim 80 (generic loop),
     # block size 8, and sequence order interleaved with a decode.

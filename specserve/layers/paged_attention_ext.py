@@ -32,8 +32,8 @@ import torch
 logger = logging.getLogger(__name__)
 
 _SOURCE_PATHS = [Path(__file__).with_name("csrc") / f
-                 for f in ("paged_attention.cpp", "fused_ops.cpp", "bf16_gemv.cpp",
-                           "argmax.cpp", "amx_linear.cpp", "layer_loop.cpp")]
+                 for f in ("amx_tiles.cpp", "paged_attention.cpp", "fused_ops.cpp",
+                           "bf16_gemv.cpp", "argmax.cpp", "amx_linear.cpp", "layer_loop.cpp")]
 _FUNCTIONS = ["paged_attention_short", "rms_norm", "add_rms_norm_", "rope_write_kv",
               "silu_and_mul", "argmax_rows", "bf16_linear", "bf16_linear_vectorized",
               "bf16_linear_max_rows", "amx_linear", "amx_linear_available",
@@ -47,6 +47,7 @@ _CFLAGS = [
     "-fno-signed-zeros",
     "-fassociative-math",
     "-fno-math-errno",
+    "-mprefer-vector-width=512",
 ]
 _LDFLAGS = ["-fopenmp"]
 _STALE_LOCK_S = 600.0

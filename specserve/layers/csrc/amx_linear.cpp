@@ -29,12 +29,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define SPECSERVE_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
+// SPECSERVE_AMX, amx_permitted() and TileConfig: amx_tiles.cpp.
 
 namespace {
 
@@ -42,24 +37,6 @@ constexpr int64_t kAmxMaxRows = 64;  // four 16-row accumulator tiles
 constexpr int64_t kTileElems = 16 * 32;  // bf16 elements of one weight tile (1 KB)
 
 #ifdef SPECSERVE_AMX
-// Linux hands a process AMX's 8 KB of tile state only on request.
-bool amx_permitted() {
-  static const bool ok = [] {
-    constexpr long kArchReqXcompPerm = 0x1023;
-    constexpr long kXfeatureXtiledata = 18;
-    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
-  }();
-  return ok;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tiles are 64 bytes wide: 0-3 are fp32 accumulators (16 columns), 4-7 operands: rows of 32
 // bf16 activations, or 16 pair-rows x 16 columns x 2 of weights (amx_blocks: 4, 6 activations
 // and 5, 7 weights; amx_pairs: 4, 5 and 6, 7). tile_config(r): accumulators and activation
@@ -205,8 +182,6 @@ void amx_pairs(const c10::BFloat16* xp, int64_t K, const c10::BFloat16* wp, int6
   }
   _tile_release();
 }
-#else
-bool amx_permitted() { return false; }
 #endif
 
 }  // namespace

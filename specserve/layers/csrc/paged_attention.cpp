@@ -15,14 +15,17 @@
 // otherwise keys are widened once per tile (uint16 << 16). V is widened in registers. Other
 // head_dims use plain loops that gcc vectorises (-O3 -march=native plus the flags that allow
 // reassociating fp32 reductions). exp is a polynomial so that it vectorises too; scores are kept
-// in log2 units (q is pre-scaled by scale * log2(e)).
+// in log2 units (q is pre-scaled by scale * log2(e)). On CPUs with AMX (Intel Xeon, Sapphire
+// Rapids on) the bf16 scores of runs of up to 16 rows per KV head come from tiles instead
+// (amx_scores); SPECSERVE_NO_AMX=1 turns that off with the AMX linears.
 //
 // Threads: at::parallel_for over torch's intra-op pool (respects torch.set_num_threads); each
 // thread pulls work items, largest first, from a shared atomic counter. When there are too few
 // items for the threads (small batch, long context) the keys are split into partitions and the
 // partial softmax states are merged afterwards (flash-decoding style). K/V are software-
 // prefetched into L2 64 keys ahead of the tile being computed, and with many items a thread
-// claims its next item one ahead and prefetches that item's first keys too.
+// claims its next item one ahead and prefetches that item's first keys too. (On the 2-core Xeon
+// VM of session 26 the prefetches made no difference either way: docs/performance.md.)
 
 // Narrow includes instead of <torch/extension.h>: the build takes a fraction of the time.
 #include <ATen/Parallel.h>
@@ -36,9 +39,11 @@
 #endif
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -165,6 +170,123 @@ inline v16f dot16_bf16(const __m512bh* q, const uint16_t* const* krow) {
 }
 #else
 constexpr bool kHaveDpBf16 = false;
+#endif
+
+#ifdef SPECSERVE_AMX
+// Q.K^T of a tile on AMX (bf16 pools, head_dim 64 or 128, at most 16 query rows per KV head,
+// block_size a multiple of 16). The products are S^T = K Q^T: the A operand is 16 keys' rows,
+// read in place (16 consecutive slots of one block, slot_bytes apart), the B operand the rows'
+// queries transposed in pairs (qt, built once per item), C 16 keys x R fp32 scores. At decode
+// (R = 3 rows per KV head for SmolLM2) this replaced the vdpbf16ps dot products and their
+// shuffle-tree sums, half of the kernel's arithmetic.
+// Tiles: 0, 1 scores of keys 0-15 / 16-31; 2, 3 key rows (alternating); 4-7 the query chunks
+// of 32 dims (head_dim 64: see attention_tile_config). (Tile numbers are literals: gcc's AMX
+// intrinsics are macros.)
+constexpr int64_t kAmxAttnMaxRows = 16;
+
+bool attention_amx_enabled() {
+  static const bool on = [] {
+    const char* off = std::getenv("SPECSERVE_NO_AMX");
+    return amx_permitted() && (off == nullptr || off[0] == '\0' || std::strcmp(off, "0") == 0);
+  }();
+  return on;
+}
+
+// Tiles 0-3 as above; 4-7 for head_dim 128 are the four query chunks, for head_dim 64 two query
+// chunks (4, 5) and the second group's key rows (6, 7), so that both groups' products are in
+// flight together.
+const TileConfig& attention_tile_config(int64_t rows, int nc) {
+  static const auto configs = [] {
+    std::array<std::array<TileConfig, kAmxAttnMaxRows + 1>, 2> c{};
+    for (int wide = 0; wide < 2; ++wide)
+      for (int r = 1; r <= kAmxAttnMaxRows; ++r)
+        for (int t = 0; t < 8; ++t) {
+          const bool keys = t == 2 || t == 3 || (!wide && (t == 6 || t == 7));
+          c[wide][r].rows[t] = 16;
+          c[wide][r].colsb[t] = keys ? 64 : 4 * r;
+        }
+    return c;
+  }();
+  return configs[nc == 8][rows];
+}
+
+// qt[c][p][r][e] = q[r][32 c + 2 p + e]: rows r < R of bf16 q (D apart) as B operands.
+inline void pack_queries(const uint16_t* q, int64_t R, int64_t D, uint16_t* qt) {
+  for (int64_t c = 0; c < D / 32; ++c)
+    for (int64_t pr = 0; pr < 16; ++pr)
+      for (int64_t r = 0; r < R; ++r) {
+        qt[((c * 16 + pr) * R + r) * 2] = q[r * D + 32 * c + 2 * pr];
+        qt[((c * 16 + pr) * R + r) * 2 + 1] = q[r * D + 32 * c + 2 * pr + 1];
+      }
+}
+
+// sbuf[r][j] = scale * q_r . k_j for the n keys of a tile (16 at a time; a group's rows past n
+// are slots of the same block, computed and then masked by the caller). k0 / k1: the first key
+// row of each group of 16, slot_bytes apart.
+template <int NC>
+inline void amx_scores(const uint16_t* qt, int64_t R, const uint16_t* k0, const uint16_t* k1,
+                       int64_t slot_bytes, int n, float scale, float* st, float* sbuf) {
+  static_assert(NC == 4 || NC == 8, "AMX scores: head_dim 64 or 128");
+  const int64_t qstride = 4 * R;
+  const int64_t chunk = 16 * R * 2;  // bf16 elements of one query chunk
+  _tile_loadd(4, qt, qstride);
+  _tile_loadd(5, qt + chunk, qstride);
+  if constexpr (NC == 8) {
+    _tile_loadd(6, qt + 2 * chunk, qstride);
+    _tile_loadd(7, qt + 3 * chunk, qstride);
+  }
+  const bool two = n > 16;
+  if constexpr (NC == 4) {
+    _tile_zero(0);
+    _tile_loadd(2, k0, slot_bytes);
+    if (two) {
+      _tile_zero(1);
+      _tile_loadd(6, k1, slot_bytes);
+    }
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_loadd(3, k0 + 32, slot_bytes);
+    if (two) {
+      _tile_dpbf16ps(1, 6, 4);
+      _tile_loadd(7, k1 + 32, slot_bytes);
+    }
+    _tile_dpbf16ps(0, 3, 5);
+    if (two) _tile_dpbf16ps(1, 7, 5);
+  } else {
+    _tile_zero(0);
+    _tile_loadd(2, k0, slot_bytes);
+    _tile_dpbf16ps(0, 2, 4);
+    _tile_loadd(3, k0 + 32, slot_bytes);
+    _tile_dpbf16ps(0, 3, 5);
+    _tile_loadd(2, k0 + 64, slot_bytes);
+    _tile_dpbf16ps(0, 2, 6);
+    _tile_loadd(3, k0 + 96, slot_bytes);
+    _tile_dpbf16ps(0, 3, 7);
+    if (two) {
+      _tile_zero(1);
+      _tile_loadd(2, k1, slot_bytes);
+      _tile_dpbf16ps(1, 2, 4);
+      _tile_loadd(3, k1 + 32, slot_bytes);
+      _tile_dpbf16ps(1, 3, 5);
+      _tile_loadd(2, k1 + 64, slot_bytes);
+      _tile_dpbf16ps(1, 2, 6);
+      _tile_loadd(3, k1 + 96, slot_bytes);
+      _tile_dpbf16ps(1, 3, 7);
+    }
+  }
+  _tile_stored(0, st, 64);
+  if (two) _tile_stored(1, st + 256, 64);
+  // st[j][r] (16 floats per key) -> sbuf[r][j]: one gather per row and group.
+  const __m512i idx = _mm512_mullo_epi32(
+      _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+      _mm512_set1_epi32(16));
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t r = 0; r < R; ++r) {
+    float* sr = sbuf + r * TILE;
+    _mm512_storeu_ps(sr, _mm512_mul_ps(_mm512_i32gather_ps(idx, st + r, 4), sc));
+    if (n > 16)
+      _mm512_storeu_ps(sr + 16, _mm512_mul_ps(_mm512_i32gather_ps(idx, st + 256 + r, 4), sc));
+  }
+}
 #endif
 
 template <int NC, typename S>
@@ -298,6 +420,7 @@ struct Params {
   int64_t num_heads, num_kv_heads, group, head_dim;
   int64_t max_blocks, block_size, num_parts;
   float qscale;        // scale * log2(e)
+  bool amx;            // Q.K^T on AMX tiles where a run has at most 16 rows per KV head
 };
 
 template <typename T>
@@ -330,6 +453,9 @@ struct Scratch {
   std::vector<int64_t> slot;  // [TILE] element offsets of the tile's slots (all KV heads of a
                               // slot are adjacent)
   std::vector<float> zero;  // [D] zeros (padding rows of a short tile)
+  std::vector<uint16_t> qt;  // [KVH, D / 32, 16, RG, 2] queries as AMX B operands (amx_scores)
+  std::vector<float> st;     // [2, 16, 16] AMX scores of a tile, keys x rows
+  bool tiles_used = false;   // this thread loaded a tile config (released after the launch)
 };
 
 // One KV head of one tile: scores, online softmax, P V for that head's R rows.
@@ -343,14 +469,29 @@ inline void tile_head(Scratch& sc, const C* __restrict kc, const C* __restrict v
                       int64_t D, int64_t j0, int n, int64_t R, const float* __restrict qf,
                       const uint16_t* __restrict qb, float qscale, float* __restrict acc,
                       float* __restrict sbuf, float* __restrict mrow, float* __restrict lrow,
-                      float* __restrict alpha, const int32_t* __restrict lim) {
+                      float* __restrict alpha, const int32_t* __restrict lim,
+                      const uint16_t* __restrict qt, int64_t slot_elems) {
   using S = typename Elem<T>::storage;
   constexpr bool kQuant = sizeof(C) == 1;
   constexpr bool kWiden = !std::is_same<T, float>::value;
   constexpr bool kDp = !kQuant && kWiden && kHaveDpBf16 && NC > 0 && NC % 2 == 0;
+  // qt (AMX, bf16 pools, see amx_scores): the scores come from tiles.
+  bool scored = false;
+#ifdef SPECSERVE_AMX
+  if constexpr (kDp) {
+    if (qt != nullptr) {
+      amx_scores<NC>(qt, R, reinterpret_cast<const uint16_t*>(kc + sc.slot[0] + head_off),
+                     reinterpret_cast<const uint16_t*>(kc + sc.slot[n > 16 ? 16 : 0] + head_off),
+                     slot_elems * static_cast<int64_t>(sizeof(S)), n, qscale, sc.st.data(), sbuf);
+      scored = true;
+    }
+  }
+#endif
   // K rows: read in place (fp32; bf16 with vdpbf16ps) or widened to fp32 once, shared by all R
   // rows. A short tile's padding rows point at zeros.
-  if constexpr (kDp) {
+  if (scored) {
+    // AMX: the tile loads read the key rows in place.
+  } else if constexpr (kDp) {
     const S** kr = reinterpret_cast<const S**>(sc.krow.data());
     for (int j = 0; j < n; ++j) kr[j] = kc + sc.slot[j] + head_off;
     for (int j = n; j < TILE; ++j) kr[j] = reinterpret_cast<const S*>(sc.zero.data());
@@ -374,7 +515,9 @@ inline void tile_head(Scratch& sc, const C* __restrict kc, const C* __restrict v
   // Scores (log2 units); causally masked and padding entries -inf.
   for (int64_t r = 0; r < R; ++r) {
     float* __restrict sr = sbuf + r * TILE;
-    if constexpr (kDp) {
+    if (scored) {
+      // AMX: amx_scores wrote them.
+    } else if constexpr (kDp) {
 #if defined(__AVX512BF16__)
       __m512bh qv[NC / 2];
       for (int c = 0; c < NC / 2; ++c)
@@ -531,6 +674,21 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
   }
   std::fill(acc, acc + R * D, 0.0f);
 
+  // AMX scores (bf16 pools, head_dim 64 / 128): queries as B operands, once per item.
+  const uint16_t* qt = nullptr;
+#ifdef SPECSERVE_AMX
+  if constexpr (std::is_same<T, c10::BFloat16>::value && sizeof(C) == 2 && (NC == 4 || NC == 8)) {
+    if (p.amx && RG <= kAmxAttnMaxRows) {
+      const int64_t per_head = (D / 32) * 16 * RG * 2;
+      for (int64_t kvh = 0; kvh < KVH; ++kvh)
+        pack_queries(qb + kvh * RG * D, RG, D, sc.qt.data() + kvh * per_head);
+      _tile_loadconfig(&attention_tile_config(RG, NC));
+      sc.tiles_used = true;
+      qt = sc.qt.data();
+    }
+  }
+#endif
+
   const C* __restrict kc = static_cast<const C*>(p.k_cache);
   const C* __restrict vc = static_cast<const C*>(p.v_cache);
   const int32_t* table = p.block_tables + static_cast<int64_t>(run.seq) * p.max_blocks;
@@ -570,7 +728,7 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
       const int64_t r0 = kvh * RG;
       tile_head<T, NC, C>(sc, kc, vc, p.k_scale, p.v_scale, kvh * D, D, j0, n, RG, qf + r0 * D, qb + r0 * D, p.qscale,
                        acc + r0 * D, sbuf + r0 * TILE, mrow + r0, lrow + r0, alpha + r0,
-                       lim + r0);
+                       lim + r0, qt ? qt + kvh * (D / 32) * 16 * RG * 2 : nullptr, slot_elems);
     }
   }
 
@@ -656,6 +814,10 @@ void launch(const Params& p, const std::vector<Run>& runs, const std::vector<Ite
     grow(sc.krow, TILE);
     grow(sc.vrow, TILE);
     grow(sc.slot, TILE);
+    if (p.amx) {
+      grow(sc.qt, max_rows * D);
+      grow(sc.st, 2 * 16 * 16);
+    }
     // With many items, claim the next one ahead so that its first keys load while this one
     // computes (holding one item back costs at most the smallest items' balance at the end);
     // with few, a claimed-ahead item could leave a thread idle.
@@ -671,6 +833,12 @@ void launch(const Params& p, const std::vector<Run>& runs, const std::vector<Ite
       run_item<T, NC, C>(p, runs[it.run], it, sc);
       i = ahead ? following : next.fetch_add(1, std::memory_order_relaxed);
     }
+#ifdef SPECSERVE_AMX
+    if (sc.tiles_used) {  // hand the tile state back (the OS then need not save it)
+      _tile_release();
+      sc.tiles_used = false;
+    }
+#endif
   });
   if (p.num_parts > 1) merge_parts<T>(p, num_tokens);
 }
@@ -849,6 +1017,10 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   p.block_size = block_size;
   p.num_parts = P;
   p.qscale = static_cast<float>(scale * 1.4426950408889634);
+#ifdef SPECSERVE_AMX
+  p.amx = kv_format == 0 && q.scalar_type() == at::kBFloat16 && block_size % 16 == 0 &&
+          attention_amx_enabled();
+#endif
   if (P > 1) {
     part_out = at::empty({T, H, P, D}, q.options().dtype(at::kFloat));
     part_ml = at::empty({T, H, P, 2}, q.options().dtype(at::kFloat));
