@@ -46,7 +46,19 @@ def test_every_weight_mode_generates_and_speculates(method, bf16_reference):
         assert plain.get_stats()["weight_bytes"] < 0.8 * bf16.get_stats()["weight_bytes"]
         assert isinstance(plain.engine.model.lm_head, Int8LMHead) == (method != "gguf")
     if method == "gguf":  # the very weights the bf16 model was dequantized from
-        assert out.token_ids[:8] == bf16_reference[:8]
+        # Other kernels, other bf16 roundings: logits move by ~0.1 nat (session 26: changing
+        # the order of attention's fp32 sums alone swung this prompt's 6th token by 0.12). So
+        # the two agree token for token up to a near-tie, where the gguf model's own top two
+        # must be the two candidates and within 0.2 nat of each other.
+        lp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=5)
+        mine = plain.generate([PROMPT], lp)[0].outputs[0]
+        ref = bf16_reference[:8]
+        split = next((i for i, (a, b) in enumerate(zip(mine.token_ids, ref, strict=True))
+                      if a != b), None)
+        if split is not None:
+            top = mine.logprobs[split]
+            assert split >= 3 and ref[split] in top, (mine.token_ids, ref)
+            assert top[mine.token_ids[split]] - top[ref[split]] < 0.2, (split, top)
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "fp8_e4m3"])
