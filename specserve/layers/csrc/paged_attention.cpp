@@ -25,7 +25,9 @@
 // partial softmax states are merged afterwards (flash-decoding style). K/V are software-
 // prefetched into L2 64 keys ahead of the tile being computed, and with many items a thread
 // claims its next item one ahead and prefetches that item's first keys too. (On the 2-core Xeon
-// VM of session 26 the prefetches made no difference either way: docs/performance.md.)
+// VM of session 26 the prefetches made no difference either way; what worked there is reading
+// one word of every line of a tile's slots in address order before its arithmetic:
+// touch_slots.)
 
 // Narrow includes instead of <torch/extension.h>: the build takes a fraction of the time.
 #include <ATen/Parallel.h>
@@ -456,6 +458,7 @@ struct Scratch {
   std::vector<uint16_t> qt;  // [KVH, D / 32, 16, RG, 2] queries as AMX B operands (amx_scores)
   std::vector<float> st;     // [2, 16, 16] AMX scores of a tile, keys x rows
   bool tiles_used = false;   // this thread loaded a tile config (released after the launch)
+  uint64_t touched = 0;      // touch_slots' words (kept so that its loads are not dropped)
 };
 
 // One KV head of one tile: scores, online softmax, P V for that head's R rows.
@@ -627,6 +630,32 @@ void prefetch_keys(const C* kc, const C* vc, const int32_t* table, int64_t bs,
   }
 }
 
+// Load one word of every cache line of the n slots' K and V, in address order, before the tile's
+// arithmetic. Why: on the 2-core Xeon VM of session 26 a decode step's attention took the time
+// of its arithmetic plus the time of its reads, software prefetch or not (docs/performance.md,
+// "Decode attention on AMX tiles"), and the per-head passes read each slot's lines 128 bytes at
+// a time. These plain loads are independent of each other, so the core keeps many misses in
+// flight and the hardware prefetchers see whole blocks streamed: 30 layers' attention over 64
+// sequences of 192 keys fell from ~25 to ~19 ms. The words are folded into the return value so
+// that the compiler keeps the loads.
+template <typename C>
+inline uint64_t touch_slots(const C* kc, const C* vc, const int64_t* slot, int n,
+                            int64_t slot_elems) {
+  const int64_t slot_bytes = slot_elems * static_cast<int64_t>(sizeof(C));
+  uint64_t x = 0;
+  for (int j = 0; j < n; ++j) {
+    const char* kp = reinterpret_cast<const char*>(kc + slot[j]);
+    const char* vp = reinterpret_cast<const char*>(vc + slot[j]);
+    for (int64_t b = 0; b < slot_bytes; b += 64) {
+      uint64_t wk, wv;
+      std::memcpy(&wk, kp + b, sizeof(wk));
+      std::memcpy(&wv, vp + b, sizeof(wv));
+      x ^= wk ^ wv;
+    }
+  }
+  return x;
+}
+
 // Prefetch an item's first `keys` keys. The thread calls it for the item it will run next
 // before it runs the current one: an item used to start cold, its first tile waiting on DRAM,
 // and at decode (one query per sequence, ~100-300 keys) that start is a large share of the item.
@@ -724,6 +753,7 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
     const int n = static_cast<int>(std::min<int64_t>(TILE, kend - j0));
     fill_slots(j0, n, sc.slot.data());
     prefetch_until(j0 + TILE + PREFETCH_KEYS);
+    sc.touched ^= touch_slots(kc, vc, sc.slot.data(), n, slot_elems);
     for (int64_t kvh = 0; kvh < KVH; ++kvh) {
       const int64_t r0 = kvh * RG;
       tile_head<T, NC, C>(sc, kc, vc, p.k_scale, p.v_scale, kvh * D, D, j0, n, RG, qf + r0 * D, qb + r0 * D, p.qscale,
