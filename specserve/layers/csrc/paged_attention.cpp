@@ -186,6 +186,8 @@ constexpr bool kHaveDpBf16 = false;
 // intrinsics are macros.)
 constexpr int64_t kAmxAttnMaxRows = 16;
 
+// SPECSERVE_NO_AMX is read once, at the first attention call (layers/linear.py reads it when it
+// packs the weights).
 bool attention_amx_enabled() {
   static const bool on = [] {
     const char* off = std::getenv("SPECSERVE_NO_AMX");
@@ -636,8 +638,8 @@ void prefetch_keys(const C* kc, const C* vc, const int32_t* table, int64_t bs,
 // "Decode attention on AMX tiles"), and the per-head passes read each slot's lines 128 bytes at
 // a time. These plain loads are independent of each other, so the core keeps many misses in
 // flight and the hardware prefetchers see whole blocks streamed: 30 layers' attention over 64
-// sequences of 192 keys fell from ~25 to ~19 ms. The words are folded into the return value so
-// that the compiler keeps the loads.
+// sequences of 192 keys fell from ~25 to ~19 ms. The words are folded into the return value,
+// which the caller stores in its thread's Scratch, so that the compiler keeps the loads.
 template <typename C>
 inline uint64_t touch_slots(const C* kc, const C* vc, const int64_t* slot, int n,
                             int64_t slot_elems) {
@@ -646,7 +648,7 @@ inline uint64_t touch_slots(const C* kc, const C* vc, const int64_t* slot, int n
   for (int j = 0; j < n; ++j) {
     const char* kp = reinterpret_cast<const char*>(kc + slot[j]);
     const char* vp = reinterpret_cast<const char*>(vc + slot[j]);
-    for (int64_t b = 0; b < slot_bytes; b += 64) {
+    for (int64_t b = 0; b + 8 <= slot_bytes; b += 64) {  // never past the slot's last byte
       uint64_t wk, wv;
       std::memcpy(&wk, kp + b, sizeof(wk));
       std::memcpy(&wv, vp + b, sizeof(wv));
