@@ -141,7 +141,7 @@ def test_key_partitions(dtype, max_parts):
 
 @pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("head_dim", [64, 80])  # vector path and generic loops
+@pytest.mark.parametrize("head_dim", [64, 128, 80])  # vector paths and generic loops
 def test_8bit_pools(kv_dtype, dtype, head_dim):
     """int8 / fp8 pools with a bf16 scale per (slot, head), dequantized inside the kernel: the
     same bound as an unquantized pool holding the dequantized values (value * scale is exact
