@@ -459,7 +459,6 @@ struct Scratch {
   std::vector<float> zero;  // [D] zeros (padding rows of a short tile)
   std::vector<uint16_t> qt;  // [KVH, D / 32, 16, RG, 2] queries as AMX B operands (amx_scores)
   std::vector<float> st;     // [2, 16, 16] AMX scores of a tile, keys x rows
-  bool tiles_used = false;   // this thread loaded a tile config (released after the launch)
   uint64_t touched = 0;      // touch_slots' words (kept so that its loads are not dropped)
 };
 
@@ -705,16 +704,15 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
   }
   std::fill(acc, acc + R * D, 0.0f);
 
-  // AMX scores (bf16 pools, head_dim 64 / 128): queries as B operands, once per item.
+  // AMX scores (bf16 pools, head_dim 64 / 128): queries as B operands, once per item; each KV
+  // head's take as many elements as its rows of q (D / 32 chunks x 16 pairs x RG x 2).
   const uint16_t* qt = nullptr;
 #ifdef SPECSERVE_AMX
   if constexpr (std::is_same<T, c10::BFloat16>::value && sizeof(C) == 2 && (NC == 4 || NC == 8)) {
     if (p.amx && RG <= kAmxAttnMaxRows) {
-      const int64_t per_head = (D / 32) * 16 * RG * 2;
       for (int64_t kvh = 0; kvh < KVH; ++kvh)
-        pack_queries(qb + kvh * RG * D, RG, D, sc.qt.data() + kvh * per_head);
+        pack_queries(qb + kvh * RG * D, RG, D, sc.qt.data() + kvh * RG * D);
       _tile_loadconfig(&attention_tile_config(RG, NC));
-      sc.tiles_used = true;
       qt = sc.qt.data();
     }
   }
@@ -760,7 +758,7 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
       const int64_t r0 = kvh * RG;
       tile_head<T, NC, C>(sc, kc, vc, p.k_scale, p.v_scale, kvh * D, D, j0, n, RG, qf + r0 * D, qb + r0 * D, p.qscale,
                        acc + r0 * D, sbuf + r0 * TILE, mrow + r0, lrow + r0, alpha + r0,
-                       lim + r0, qt ? qt + kvh * (D / 32) * 16 * RG * 2 : nullptr, slot_elems);
+                       lim + r0, qt ? qt + r0 * D : nullptr, slot_elems);
     }
   }
 
@@ -866,10 +864,7 @@ void launch(const Params& p, const std::vector<Run>& runs, const std::vector<Ite
       i = ahead ? following : next.fetch_add(1, std::memory_order_relaxed);
     }
 #ifdef SPECSERVE_AMX
-    if (sc.tiles_used) {  // hand the tile state back (the OS then need not save it)
-      _tile_release();
-      sc.tiles_used = false;
-    }
+    if (p.amx) _tile_release();  // hand the tile state back (the OS then need not save it)
 #endif
   });
   if (p.num_parts > 1) merge_parts<T>(p, num_tokens);
