@@ -104,8 +104,38 @@ def test_rope_write_kv_refuses_a_slot_outside_the_cache():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_and_mul(dtype):
-    x = torch.randn(33, 2 * 1536).to(dtype)
+@pytest.mark.parametrize("width", [1536, 4864, 100, 37])
+@pytest.mark.parametrize("scale", [1.0, 20.0, 90.0])
+def test_silu_and_mul(dtype, width, scale):
+    """Bit-identical to transformers' F.silu(gate) * up, also where exp over- or underflows,
+    on denormals, zeros and infinities, and for widths that leave aten's vectorised loop a
+    scalar tail (the fused bf16 kernel must round exactly where aten does)."""
+    x = (torch.randn(33, 2 * width) * scale).to(dtype)
+    x[0, :9] = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), -87.5, -88.3, 1e-40,
+                             -1e-39, 88.0]).to(dtype)
+    gate, up = x.chunk(2, dim=-1)
+    ref, got = F.silu(gate) * up, fused.silu_and_mul(x)
+    assert torch.equal(ref.isnan(), got.isnan())
+    assert torch.equal(ref.nan_to_num(), got.nan_to_num())
+
+
+@pytest.mark.parametrize("width", [1024, 63])
+def test_silu_and_mul_every_bf16_gate(width):
+    """Every one of the 65,536 bf16 values as a gate, once where aten's silu runs its vector
+    loop (rows of 1024) and once where it runs scalar code (rows of 63 < 64)."""
+    every = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    rows = -(-every.numel() // width)
+    gate = torch.cat([every, every[: rows * width - every.numel()]]).view(rows, width)
+    up = torch.rand(rows, width).to(torch.bfloat16) + 0.5
+    ref, got = F.silu(gate) * up, fused.silu_and_mul(torch.cat([gate, up], dim=1))
+    assert torch.equal(ref.isnan(), got.isnan())
+    assert torch.equal(ref.nan_to_num(), got.nan_to_num())
+
+
+def test_silu_and_mul_of_a_strided_view():
+    """Rows further apart than 2I (a view into a wider tensor)."""
+    wide = torch.randn(16, 4000).to(torch.bfloat16)
+    x = wide[:, :3072]
     gate, up = x.chunk(2, dim=-1)
     assert torch.equal(fused.silu_and_mul(x), F.silu(gate) * up)
 
