@@ -1,5 +1,6 @@
 """The CPU argmax kernel (csrc/argmax.cpp) against torch.argmax: same indices on ties, NaN and
-infinities, every row length around the vector widths, and the fallback for other inputs."""
+infinities, every row length around the vector widths, fp32 and bf16 rows (a bf16 row's argmax
+is its fp32 copy's), and the fallback for other inputs."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def test_matches_torch_on_random_rows_and_ties(n):
         assert torch.equal(ext.module().argmax_rows(x), x.argmax(dim=-1))
         ties = torch.randint(-2, 3, (rows, n), generator=g).float()  # the first maximum wins
         assert torch.equal(ext.module().argmax_rows(ties), ties.argmax(dim=-1))
+        for y in (x.bfloat16(), ties.bfloat16()):  # bf16 rounds many values onto ties
+            assert torch.equal(ext.module().argmax_rows(y), y.float().argmax(dim=-1))
 
 
 @needs_ext
@@ -34,10 +37,11 @@ def test_nan_infinities_and_signed_zeros_as_torch():
     x[4, 99] = float("nan")  # a NaN in the scalar tail of the scan
     x[5, 97] = 1e30
     assert torch.equal(ext.module().argmax_rows(x), x.argmax(dim=-1))
+    assert torch.equal(ext.module().argmax_rows(x.bfloat16()), x.bfloat16().float().argmax(dim=-1))
 
 
 def test_other_inputs_fall_back_to_torch():
     x = torch.randn(8, 40)
-    for y in (x.t(), x.bfloat16(), x[:, ::2]):  # non-contiguous, bf16, strided
+    for y in (x.t(), x.half(), x[:, ::2]):  # non-contiguous, fp16, strided
         assert torch.equal(argmax(y), y.argmax(dim=-1))
     assert torch.equal(argmax(x), x.argmax(dim=-1))

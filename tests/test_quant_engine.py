@@ -111,3 +111,27 @@ def test_unsupported_combinations_are_refused(tmp_path):
         LLM(quantization="int3", kv_cache_memory=8 << 20)
     with pytest.raises(ValueError, match="unknown kv_cache_dtype"):
         LLM(kv_cache_dtype="int4", kv_cache_memory=8 << 20)
+
+
+def test_greedy_steps_keep_bf16_logits_and_emit_the_same_tokens(monkeypatch):
+    """A step whose requests read only each row's argmax skips the fp32 copy of the LM head's
+    bf16 logits; a request with logprobs makes its steps take the copy. Same tokens either way
+    (widening bf16 to fp32 is exact)."""
+    llm = LLM(dtype="bfloat16", kv_cache_memory=64 << 20)
+    seen: list[torch.dtype] = []
+    execute = llm.engine.runner.execute
+
+    def spy(*args, **kwargs):
+        hidden, logits = execute(*args, **kwargs)
+        seen.append(logits.dtype)
+        return hidden, logits
+
+    monkeypatch.setattr(llm.engine.runner, "execute", spy)
+    prompts = [PROMPT, "def fibonacci(n):", "SELECT name FROM users WHERE"]
+    fast = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert set(seen) == {torch.bfloat16}
+    seen.clear()
+    with_logprobs = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=1)
+    slow = [o.outputs[0].token_ids for o in llm.generate(prompts, with_logprobs)]
+    assert set(seen) == {torch.float32}
+    assert fast == slow

@@ -551,3 +551,19 @@ def test_sample_from_probs_per_row_generators() -> None:
     mixed = sample_from_probs(probs, [None, torch.Generator().manual_seed(2), None])
     alone = sample_from_probs(probs[1:2], [torch.Generator().manual_seed(2)])
     assert batch[1] == mixed[1] == alone[0]
+
+
+def test_greedy_verification_of_bf16_logits_is_that_of_their_fp32_copy():
+    """A greedy step may hand the sampler the LM head's bf16 logits (LLMEngine.step skips the
+    fp32 copy when only the argmax is read): acceptance and the bonus token must not change."""
+    g = torch.Generator().manual_seed(0)
+    num_draft = [3, 0, 2]
+    logits = torch.randn(sum(num_draft) + len(num_draft), 500, generator=g).bfloat16()
+    argmax = logits.float().argmax(dim=-1)
+    # Drafts that match the target's argmax for a while, then do not.
+    drafts = torch.tensor([argmax[0], argmax[1], (argmax[2] + 1) % 500, argmax[5], argmax[6]])
+    greedy = torch.ones(3, dtype=torch.bool)
+    fast = rejection_sample(drafts, num_draft, logits, None, greedy, [None] * 3)
+    slow = rejection_sample(drafts, num_draft, logits.float(), None, greedy, [None] * 3)
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow, strict=True))
+    assert fast[1].tolist() == [2, 0, 2]

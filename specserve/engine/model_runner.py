@@ -161,8 +161,8 @@ class ModelRunner:
         return inputs
 
     def execute(self, inputs: StepInputs, logits_indices: torch.Tensor,
-                *model_inputs: torch.Tensor, on_forward: Callable[[], None] | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                *model_inputs: torch.Tensor, on_forward: Callable[[], None] | None = None,
+                float32_logits: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the forward; return hidden states [num_tokens, hidden] (on the model's device) and
         logits of the rows in logits_indices [n, vocab] fp32 on the host, where sampling runs
         (per-request seeded generators are host generators). With aux_layers set, the hidden
@@ -170,7 +170,8 @@ class ModelRunner:
         ([num_tokens, hidden * (1 + len(aux_layers))]). model_inputs: what the model takes
         after the metadata (an EAGLE head's features). on_forward: see LLMEngine.step; called
         as late as possible, just before the layers run (with the GIL released, on the layer
-        loop)."""
+        loop). float32_logits=False: the logits in the LM head's dtype (see
+        LlamaModel.compute_logits)."""
         aux = {"aux_layers": self.aux_layers} if self.aux_layers else {}
         if self.layer_loop is not None and not model_inputs and \
                 self.layer_loop.accepts(inputs.meta):
@@ -183,5 +184,6 @@ class ModelRunner:
                              *model_inputs, **aux)
         hidden, streams = out if aux else (out, [])
         rows = hidden.index_select(0, logits_indices.to(self.device))
-        logits = self.model.compute_logits(rows).cpu()
+        logits = (self.model.compute_logits(rows) if float32_logits
+                  else self.model.compute_logits(rows, float32=False)).cpu()
         return (torch.cat([hidden, *streams], dim=-1) if streams else hidden), logits

@@ -110,9 +110,12 @@ class LlamaModel(nn.Module):
         return (hidden, aux) if aux_layers else hidden
 
     @torch.inference_mode()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] -> [n, vocab] in fp32 (sampling needs the precision)."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """[n, hidden] -> [n, vocab] in fp32 (sampling needs the precision), or without float32
+        in the LM head's own dtype (a greedy step reads only the argmax, which the fp32 copy
+        does not change)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if float32 else logits
 
 
 def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor],

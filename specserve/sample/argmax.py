@@ -15,7 +15,7 @@ from specserve.layers import paged_attention_ext
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """x [rows, n] -> [rows] int64, what x.argmax(dim=-1) returns."""
-    if (x.device.type == "cpu" and x.dtype == torch.float32 and x.dim() == 2
+    if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and x.dim() == 2
             and x.shape[1] > 0 and x.is_contiguous()):
         ext = paged_attention_ext.module()
         if ext is not None:
