@@ -8,6 +8,7 @@ import torch
 from tiny_models import make_tiny_model
 
 from specserve import LLM, SamplingParams
+from specserve.engine import model_runner
 from specserve.engine.request import Request
 from specserve.layers import paged_attention_ext as ext
 from specserve.models.layer_loop import LayerLoop
@@ -114,16 +115,19 @@ def test_loop_runs_bf16_as_fp32_images_where_bf16_gemms_are_not_native(tiny, mon
         assert torch.equal(gk, wk) and torch.equal(gv, wv)
 
 
-def test_loop_declines_what_it_cannot_run_exactly(tiny, tmp_path):
+def test_loop_declines_what_it_cannot_run_exactly(tiny, tmp_path, monkeypatch):
     # Qwen2's qkv bias on an int4 linear is applied by the module in Python.
     qwen = str(make_tiny_model(tmp_path / "qwen", arch="qwen2"))
     assert LLM(qwen, kv_cache_memory=8 << 20, quantization="int4").engine.runner.layer_loop \
         is None
     assert LLM(qwen, kv_cache_memory=8 << 20).engine.runner.layer_loop is not None  # packed+bias
-    # A prefill chunk takes the gather path: not a decode-shaped step.
+    # A 38-token prefill chunk runs in the loop (the kernel takes queries up to
+    # SHORT_QUERY_LEN); a chunk longer than that takes the gather path, outside it.
     llm = LLM(tiny, kv_cache_memory=8 << 20)
     r = Request("p", list(range(2, 40)), SamplingParams(max_tokens=1))
     assert llm.engine.block_manager.allocate(r, 38)
+    assert LayerLoop.accepts(llm.engine.runner.prepare([(r, 38)]).meta)
+    monkeypatch.setattr(model_runner, "SHORT_QUERY_LEN", 16)
     assert not LayerLoop.accepts(llm.engine.runner.prepare([(r, 38)]).meta)
 
 

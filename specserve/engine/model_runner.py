@@ -17,8 +17,13 @@ from specserve.layers.kv_cache import kv_bytes_per_token as layer_kv_bytes
 from specserve.models.layer_loop import LayerLoop
 from specserve.models.llama import LlamaModel
 
-# Queries up to this long (decodes, speculative verification) share one attention group.
-SHORT_QUERY_LEN = 16
+# Queries up to this long (decodes, speculative verification, prefill chunks of short prompts)
+# share one attention group: the fused kernel's (it cuts a sequence's queries into runs of 16),
+# and with it the C++ layer loop, which takes one group only. Longer chunks take the gather path
+# (two batched matmuls). It was 16: a 41-token chat prompt's prefill then ran the Python layers
+# and the gather path, 30 ms against 16.5 through the kernel; the kernel was faster at every
+# length measured up to 256 tokens, 1 and 4 sequences (docs/results/2026-12-05-session27).
+SHORT_QUERY_LEN = 256
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
