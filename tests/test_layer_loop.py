@@ -122,12 +122,12 @@ def test_loop_declines_what_it_cannot_run_exactly(tiny, tmp_path, monkeypatch):
         is None
     assert LLM(qwen, kv_cache_memory=8 << 20).engine.runner.layer_loop is not None  # packed+bias
     # A 38-token prefill chunk runs in the loop (the kernel takes queries up to
-    # SHORT_QUERY_LEN); a chunk longer than that takes the gather path, outside it.
+    # KERNEL_QUERY_LEN); a chunk longer than that takes the gather path, outside it.
     llm = LLM(tiny, kv_cache_memory=8 << 20)
     r = Request("p", list(range(2, 40)), SamplingParams(max_tokens=1))
     assert llm.engine.block_manager.allocate(r, 38)
     assert LayerLoop.accepts(llm.engine.runner.prepare([(r, 38)]).meta)
-    monkeypatch.setattr(model_runner, "SHORT_QUERY_LEN", 16)
+    monkeypatch.setattr(model_runner, "KERNEL_QUERY_LEN", 16)
     assert not LayerLoop.accepts(llm.engine.runner.prepare([(r, 38)]).meta)
 
 

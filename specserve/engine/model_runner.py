@@ -17,13 +17,16 @@ from specserve.layers.kv_cache import kv_bytes_per_token as layer_kv_bytes
 from specserve.models.layer_loop import LayerLoop
 from specserve.models.llama import LlamaModel
 
-# Queries up to this long (decodes, speculative verification, prefill chunks of short prompts)
-# share one attention group: the fused kernel's (it cuts a sequence's queries into runs of 16),
-# and with it the C++ layer loop, which takes one group only. Longer chunks take the gather path
-# (two batched matmuls). It was 16: a 41-token chat prompt's prefill then ran the Python layers
-# and the gather path, 30 ms against 16.5 through the kernel; the kernel was faster at every
-# length measured up to 256 tokens, 1 and 4 sequences (docs/results/2026-12-05-session27).
-SHORT_QUERY_LEN = 256
+# Queries up to this long share one attention group; longer ones (prefill chunks) form another.
+# The gather path pads a group to its longest query, so there decodes and speculative
+# verification (a few tokens) stay apart from prefill chunks.
+SHORT_QUERY_LEN = 16
+# The fused kernel pads nothing (it cuts a sequence's queries into runs of 16), and one group is
+# what the C++ layer loop takes: prefill chunks up to this long join the decodes. At 16, a
+# 41-token chat prompt's prefill ran the Python layers and the gather path, 30 ms against 16.5
+# through the kernel; the kernel was faster at every length measured up to 256 tokens, for 1
+# and 4 sequences (docs/results/2026-12-05-session27).
+KERNEL_QUERY_LEN = 256
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -120,8 +123,9 @@ class ModelRunner:
 
     def prepare(self, scheduled: list[tuple[Request, int]]) -> StepInputs:
         bs = self.block_size
-        short = [i for i, (_, n) in enumerate(scheduled) if n <= SHORT_QUERY_LEN]
-        long = [i for i, (_, n) in enumerate(scheduled) if n > SHORT_QUERY_LEN]
+        limit = KERNEL_QUERY_LEN if self.use_kernel else SHORT_QUERY_LEN
+        short = [i for i, (_, n) in enumerate(scheduled) if n <= limit]
+        long = [i for i, (_, n) in enumerate(scheduled) if n > limit]
         order = short + long
         ids: list[int] = []
         positions: list[np.ndarray] = []
