@@ -19,10 +19,10 @@ import torch
 
 from specserve.engine.model_runner import kv_bytes_per_token
 from specserve.engine.request import Request
-from specserve.layers.fused import rms_norm
 from specserve.layers.linear import PackedLinear, pack_linears
 from specserve.quant.swap import model_nbytes
 from specserve.spec_decode.draft_head import draft_tokens
+from specserve.spec_decode.eagle_head import aux_feature
 from specserve.spec_decode.eagle_io import load_eagle
 from specserve.spec_decode.model_proposer import ModelProposer, ProposerSeq, stack_probs
 from specserve.spec_decode.proposer import Proposal
@@ -36,7 +36,6 @@ MAX_PENDING_FEATURES = 2048
 # request's window of 64 then keeps up to 65 such steps alive, ~30 MB at the most for SmolLM2's
 # three 576-wide bf16 features.
 VIEW_ROWS = 128
-AUX_EPS = 1e-6  # eagle_head.aux_feature's
 
 
 def window_catch_up(behind: int, window: int | None) -> int:
@@ -171,7 +170,6 @@ class EagleProposer(ModelProposer):
         self.block_size = block_size
         self.kv_bytes_per_token = kv_bytes_per_token(self.model_config, dtype)
         self.kv_cache_memory = kv_cache_memory
-        self._unit_weight: torch.Tensor | None = None  # target_features' RMSNorm weight
         self._views_ok = False
 
     def target_features(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -179,17 +177,11 @@ class EagleProposer(ModelProposer):
         layers -> feature rows (eagle_head.feature_rows), for the whole step at once: made per
         request (~15 small ops each), the hand-over took 5.1% of a step at concurrency 32, with
         speculation off as much as on (1.3% in session 12, on a CPU whose steps took twice as
-        long as they do on the AMX one, where it was 3.6% again before the two cuts below)."""
+        long as they do on the AMX one, where it was 3.6% again before aux_feature became one
+        kernel and small steps' rows were handed over as views)."""
         h = self.model_config.hidden_size
         if hidden.shape[-1] > h:  # the runner's concatenation: ours to normalise in place
-            streams = hidden[:, h:].reshape(-1, h)
-            if self._unit_weight is None or self._unit_weight.dtype != hidden.dtype:
-                self._unit_weight = torch.ones(h, dtype=hidden.dtype, device=hidden.device)
-            # aux_feature as one kernel (the decoder's RMSNorm with a unit weight): seven ops
-            # took 0.27 ms of a 25 ms step at concurrency 32. Its fp32 sum of squares is
-            # reassociated, so a feature may differ from training's in the last bf16 bit:
-            # a draft's guess may change, never the output.
-            hidden[:, h:] = rms_norm(streams, self._unit_weight, AUX_EPS).view(len(hidden), -1)
+            hidden[:, h:] = aux_feature(hidden[:, h:].unflatten(-1, (-1, h))).flatten(-2)
         # A small step's rows are handed over as views, without a copy per request (9 µs
         # each); a view keeps its whole step alive, which is cheap while a step is small.
         self._views_ok = hidden.shape[0] <= VIEW_ROWS

@@ -34,10 +34,7 @@ int64_t first_nan(const T* x, int64_t n) {
 // 16 (AVX512) or 8 (AVX2) elements from i, widened to fp32.
 #if defined(__AVX512F__)
 inline __m512 row_load16(const float* x) { return _mm512_loadu_ps(x); }
-inline __m512 row_load16(const c10::BFloat16* x) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
+inline __m512 row_load16(const c10::BFloat16* x) { return bf16x16_to_f32(x); }  // fused_ops.cpp
 #elif defined(__AVX2__)
 inline __m256 row_load8(const float* x) { return _mm256_loadu_ps(x); }
 inline __m256 row_load8(const c10::BFloat16* x) {
@@ -113,16 +110,14 @@ at::Tensor argmax_rows(at::Tensor x) {
   at::Tensor out = at::empty({rows}, x.options().dtype(at::kLong));
   int64_t* op = out.data_ptr<int64_t>();
   // A row of a 49k vocabulary is ~10 us of work: split rows across threads from two on.
-  if (x.scalar_type() == at::kFloat) {
-    const float* xp = x.data_ptr<float>();
+  auto run = [&](const auto* xp) {
     at::parallel_for(0, rows, 1, [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) op[r] = argmax_row(xp + r * n, n);
     });
-  } else {
-    const c10::BFloat16* xp = x.data_ptr<c10::BFloat16>();
-    at::parallel_for(0, rows, 1, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) op[r] = argmax_row(xp + r * n, n);
-    });
-  }
+  };
+  if (x.scalar_type() == at::kFloat)
+    run(x.data_ptr<float>());
+  else
+    run(x.data_ptr<c10::BFloat16>());
   return out;
 }

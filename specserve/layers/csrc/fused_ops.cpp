@@ -27,9 +27,11 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/utils/pybind.h>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <ATen/Version.h>
-#include <immintrin.h>
 #include <sleef.h>
 #define SPECSERVE_SWIGLU_AVX512 1
 #endif
@@ -54,6 +56,14 @@ inline T round_to(float x) { return static_cast<T>(x); }  // bf16: round to near
 template <typename T>
 int64_t grain_rows(int64_t width) { return std::max<int64_t>(1, GRAIN_ELEMS / std::max<int64_t>(width, 1)); }
 
+#if defined(__AVX512F__)
+// 16 bf16 -> 16 fp32, exactly (also argmax.cpp's, later in the translation unit).
+inline __m512 bf16x16_to_f32(const c10::BFloat16* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 #ifdef SPECSERVE_SWIGLU_AVX512
 // SwiGLU in one pass over bf16 rows, bit-identical to transformers' F.silu(gate) * up.
 //
@@ -68,11 +78,6 @@ int64_t grain_rows(int64_t width) { return std::max<int64_t>(1, GRAIN_ELEMS / st
 bool aten_runs_avx512() {
   static const bool avx512 = at::get_cpu_capability() == "AVX512";
   return avx512;
-}
-
-inline __m512 bf16x16_to_f32(const c10::BFloat16* p) {
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 // fp32 -> bf16 bits in the high half of each lane, as aten's cvtfp32_bf16 rounds: add 0x7fff
@@ -323,9 +328,10 @@ at::Tensor rope_write_kv(at::Tensor qkv, at::Tensor cos, at::Tensor sin, at::Ten
 at::Tensor silu_and_mul(at::Tensor gate_up) {
   TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
               "silu_and_mul: expected [n, 2 * intermediate]");
-  const int64_t n = gate_up.size(0), I = gate_up.size(1) / 2;
+  const int64_t I = gate_up.size(1) / 2;
 #ifdef SPECSERVE_SWIGLU_AVX512
   if (gate_up.scalar_type() == at::kBFloat16 && gate_up.stride(1) == 1 && aten_runs_avx512()) {
+    const int64_t n = gate_up.size(0);
     auto out = at::empty({n, I}, gate_up.options());
     const auto* g = gate_up.data_ptr<c10::BFloat16>();
     auto* o = out.data_ptr<c10::BFloat16>();
