@@ -126,6 +126,40 @@ def test_profile_fit_recovers_a_knee_curve_through_noise():
         assert fit_slope >= 0.5 * true_slope, (knee, fit_slope, true_slope)
 
 
+def test_profile_fit_finds_the_steps_where_kernels_tile_rows():
+    """A step after 32 rows (the AMX linear's second pass over the weights: T(33) - T(32) was
+    6 ms of a 23 ms step) survives the fit through noise, and a step the data does not have
+    comes out near 0. Without the steps the fit smears the jump into the slope."""
+    from specserve.spec_decode.cost_model import fit_knee_curve
+    from specserve.spec_decode.profiler import PROFILE_POINTS, ROW_STEPS
+
+    rng = np.random.default_rng(2)
+    points = list(PROFILE_POINTS)
+    x = np.array(points, dtype=np.float64)
+    truth = 0.013 + 3e-4 * np.minimum(x, 16) + 2e-4 * np.maximum(x - 16, 0) + 6e-3 * (x > 32)
+    noisy = truth * rng.uniform(0.97, 1.03, size=len(points))
+    at = {n: i for i, n in enumerate(points)}
+    fit = np.array(fit_knee_curve(points, noisy.tolist(), ROW_STEPS))
+    assert np.all(np.diff(fit) >= 0)
+    assert np.all(np.abs(fit / truth - 1) < 0.05), fit / truth
+    assert 4.5e-3 < fit[at[33]] - fit[at[32]] < 7.5e-3  # the step
+    assert fit[at[17]] - fit[at[16]] < 1e-3  # no step here: about one token's slope
+    smooth = np.array(fit_knee_curve(points, noisy.tolist()))
+    assert smooth[at[33]] - smooth[at[32]] < 1.5e-3
+
+
+def test_a_step_in_the_cost_keeps_drafts_from_crossing_it():
+    """Just under a step, drafts that would cross it cost the whole step: a batch of 32 buys
+    none, a batch of 24 at most the 8 that fit below it. The same profile without the step
+    (a straight line through the same points) buys drafts at 32."""
+    points = [1, 16, 32, 33, 64, 128]
+    stepped = StepCostModel(points, [0.013 + 2e-4 * n + 6e-3 * (n > 32) for n in points])
+    straight = StepCostModel([1, 128], [0.013 + 2e-4, 0.013 + 2e-4 * 128 + 6e-3])
+    assert choose(32, 0.5, stepped).sum() == 0
+    assert 0 < choose(24, 0.5, stepped).sum() <= 8
+    assert choose(32, 0.5, straight).sum() > 0
+
+
 def test_cost_model_online_update_moves_toward_measurements():
     cost = knee_cost()
     before = cost(64)

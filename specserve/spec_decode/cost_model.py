@@ -162,33 +162,49 @@ class DraftCostModel(StepCostModel):
         return self.scale * (self.catch_up(num_seqs + extra_tokens) - self.catch_up(num_seqs))
 
 
-def fit_knee_curve(num_tokens: list[int], seconds: list[float]) -> list[float]:
-    """The profile's points replaced by the best fit of a flat-then-linear curve,
+def fit_knee_curve(num_tokens: list[int], seconds: list[float],
+                   jumps: tuple[int, ...] = ()) -> list[float]:
+    """The profile's points replaced by the best fit of a flat-then-linear curve with steps,
 
-        T(n) = a + s1 * min(n, k) + s2 * max(n - k, 0),   s1, s2 >= 0,
+        T(n) = a + s1 * min(n, k) + s2 * max(n - k, 0) + sum_b J_b * [n > b],   s1, s2, J_b >= 0,
 
-    with the knee k one of the profiled points, least squares in relative error (the decisions
-    live at small n, where the times are smallest). Fitted at each point separately, one
-    forward's noise left flat stretches: on this CPU one profile read T(3) = T(4) = T(6) where
-    the slope is ~0.4 ms per token, and the controller bought drafts there as if they were free
-    (prose at concurrency 4: 0.93x off)."""
+    with the knee k one of the profiled points and a step J_b allowed after each row count b in
+    `jumps` (where kernels tile rows), least squares in relative error (the decisions live at
+    small n, where the times are smallest). Fitted at each point separately, one forward's noise
+    left flat stretches: on this CPU one profile read T(3) = T(4) = T(6) where the slope is ~0.4
+    ms per token, and the controller bought drafts there as if they were free (prose at
+    concurrency 4: 0.93x off). Without the steps, the AMX linear's second pass over the weights
+    (rows 33-64) read as 0.4 ms per token where the 33rd row alone costs 6 ms, and the controller
+    bought a few drafts at concurrency 32 for 26% of a step (docs/performance.md, session 28). A
+    step is fitted only where points lie on both sides of it; one the data does not show comes
+    out 0."""
     x = np.asarray(num_tokens, dtype=np.float64)
     y = np.asarray(seconds, dtype=np.float64)
     w = 1.0 / np.maximum(y, 1e-12)
+    steps = [np.where(x > b, 1.0, 0.0) for b in jumps if (x <= b).any() and (x > b).any()]
     best, best_err = y, np.inf
     for k in x:
-        basis = np.stack([np.ones_like(x), np.minimum(x, k), np.maximum(x - k, 0.0)], axis=1)
-        coef = np.linalg.lstsq(basis * w[:, None], y * w, rcond=None)[0]
-        if coef[1] < 0 or coef[2] < 0:  # a falling segment: refit without it
-            keep = [0] + [j for j in (1, 2) if coef[j] >= 0]
-            coef = np.zeros(3)
-            coef[keep] = np.linalg.lstsq(basis[:, keep] * w[:, None], y * w, rcond=None)[0]
-            coef[1:] = np.maximum(coef[1:], 0.0)
+        basis = np.stack([np.ones_like(x), np.minimum(x, k), np.maximum(x - k, 0.0), *steps],
+                         axis=1)
+        coef = _nonnegative_lstsq(basis * w[:, None], y * w)
         fit = basis @ coef
         err = float(np.sum(((fit - y) * w) ** 2))
         if err < best_err:
             best, best_err = fit, err
     return best.tolist()
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """argmin |a c - b| with c[1:] >= 0 (c[0], the intercept, free): refit without the most
+    negative coefficient until none is left (a few columns; numpy has no NNLS)."""
+    keep = list(range(a.shape[1]))
+    while True:
+        coef = np.zeros(a.shape[1])
+        coef[keep] = np.linalg.lstsq(a[:, keep], b, rcond=None)[0]
+        worst = min(keep[1:], key=lambda j: coef[j], default=None)
+        if worst is None or coef[worst] >= 0:
+            return coef
+        keep.remove(worst)
 
 
 def expected_emitted(alpha: np.ndarray, k: np.ndarray) -> np.ndarray:

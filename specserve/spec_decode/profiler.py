@@ -23,7 +23,12 @@ import torch
 from specserve.engine.model_runner import ModelRunner
 from specserve.spec_decode.cost_model import DraftCostModel, StepCostModel, fit_knee_curve
 
-PROFILE_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+PROFILE_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128, 129, 192, 256)
+# Row counts after which a forward may cost a step more (fit_knee_curve), each profiled on both
+# sides: kernels tile rows by 16 and make passes of 32 or 64 (AMX: a tile holds 16 rows and the
+# linear streams the weights once per 32; GPU GEMMs pick tiles of 16-128 rows). On this CPU the
+# 17th row adds 1.8 ms and the 33rd 6 ms to a 23 ms step (docs/performance.md, session 28).
+ROW_STEPS = (16, 32, 64, 128)
 # Timed runs of one point stop early once they add up to this: a forward that long averages the
 # noise out by itself, and on a slow CPU (an fp32 256-token forward takes ~0.7 s on a 2-core
 # Zen 3) three of each large point made the profile take 16 s.
@@ -99,7 +104,7 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
               - fastest([(seq(i, context, q), q) for i in range(s)])) / (s * extra)
         attention_s = max((dq - d1) / (q - 1), 0.0)
         kv_read_s = max(d1 - attention_s, 0.0)
-    return StepCostModel(list(points), fit_knee_curve(list(points), times),
+    return StepCostModel(list(points), fit_knee_curve(list(points), times, ROW_STEPS),
                          kv_read_s=kv_read_s, attention_s=attention_s, base_context=context)
 
 
