@@ -12,7 +12,6 @@ import torch
 from specserve import LLM, SamplingParams
 from specserve.spec_decode.acceptance import AcceptanceTracker
 from specserve.spec_decode.cost_model import (
-    DraftCostModel,
     StepCostModel,
     choose_num_speculative_tokens,
     expected_emitted,
@@ -221,14 +220,32 @@ def test_a_prefill_chunk_in_the_step_does_not_make_drafts_look_cheap():
         assert seconds == pytest.approx(linear(8 + prefill))  # the prediction keeps the chunk
 
 
-def head_cost() -> tuple[StepCostModel, DraftCostModel]:
+def test_prefill_tokens_are_priced_on_the_chunk_curve():
+    """Tokens that need no logits cost what one long sequence's tokens cost, not what decode
+    rows with logits do: the step is predicted on both curves, the plan's predicted time holds
+    the chunk at that price, and a measured step moves the scale toward its true ratio (it
+    would fall by ~4x, priced on the decode curve alone)."""
+    points = [1, 8, 64, 512]
+    chunk = StepCostModel([1, 64, 1024], [0.01, 0.012, 0.05])
+    cost = StepCostModel(points, [0.01 + 0.0005 * n for n in points], chunk=chunk)
+    want = cost(8) + chunk(308) - chunk(8)
+    assert cost.predict(308, num_without_logits=300) == pytest.approx(want)
+    _, seconds, _ = choose_num_speculative_tokens(np.full(8, 0.2), np.full(8, K_MAX), 308, cost,
+                                                  num_prefill_tokens=300)
+    assert seconds == pytest.approx(want)
+    for _ in range(100):
+        cost.update(308, 1.2 * want, num_without_logits=300)
+    assert cost.scale == pytest.approx(1.2, rel=0.02)
+
+
+def head_cost() -> tuple[StepCostModel, StepCostModel]:
     """A target whose forwards are flat to 4 tokens, and an EAGLE-like head: 1 ms for a chained
     forward, whose logits are most of it (a catch-up token costs 0.03 ms)."""
     target = StepCostModel([1, 4, 16, 64], [0.018, 0.018, 0.034, 0.1])
     step = StepCostModel([1, 4, 16, 64], [0.001, 0.0012, 0.0024, 0.0072])
     body = StepCostModel([1, 16, 64, 256, 1024], [4e-4 + 3e-5 * n for n in (1, 16, 64, 256,
                                                                             1024)])
-    return target, DraftCostModel(step, body)
+    return target, StepCostModel(step.x.tolist(), step.y.tolist(), chunk=body)
 
 
 def test_a_catch_up_is_priced_without_logits_and_scaled_with_the_draft():

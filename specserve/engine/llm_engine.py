@@ -30,7 +30,7 @@ from specserve.sampling_params import SamplingParams
 from specserve.spec_decode import build_proposer
 from specserve.spec_decode.config import SpeculativeConfig
 from specserve.spec_decode.policy import SpecPolicy, build_policy
-from specserve.spec_decode.profiler import profile_draft, profile_forward
+from specserve.spec_decode.profiler import profile_forward
 
 
 @dataclass(slots=True)
@@ -156,7 +156,7 @@ class LLMEngine:
             t0 = time.perf_counter()
             target_cost = profile_forward(self.runner)
             draft_runner = getattr(self.proposer, "runner", None)
-            draft_cost = profile_draft(draft_runner) if draft_runner is not None else None
+            draft_cost = profile_forward(draft_runner) if draft_runner is not None else None
             self._cost_models = (target_cost, draft_cost)
             self.block_manager.reset_prefix_cache()  # its blocks now hold the profile's garbage
             self.profile_time = time.perf_counter() - t0
@@ -343,7 +343,8 @@ class LLMEngine:
             runs = [(c, n) for c, (_, n) in zip(computed_before, sched.scheduled, strict=True)]
             self.spec_policy.observe_step(sched.total_num_tokens, t_forward,
                                           self.proposer.last_forwards,
-                                          self._last_draft_time, runs)
+                                          self._last_draft_time, runs,
+                                          sched.total_num_tokens - len(logits_indices))
             self.proposer.last_forwards = []
             self._last_draft_time = 0.0
             self._propose()

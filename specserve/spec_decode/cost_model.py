@@ -12,7 +12,8 @@ steps by 30% on average and let drafts look equally cheap for both. So
 
 with ctx counted beyond the profile's own context (its cost is already inside T_lin).
 `StepCostModel` holds T_lin as points profiled at start-up, the two context coefficients from
-the same profile, and nudges one scale factor toward every measured step.
+the same profile, a second curve for tokens that need no logits (prefill chunks, a draft's
+catch-up), and nudges one scale factor toward every measured step.
 
 Given per-request acceptance rates and contexts, `choose_num_speculative_tokens` picks K_i in
 0..K_max_i to maximise the batch's expected goodput (tokens emitted per second):
@@ -70,7 +71,8 @@ class StepCostModel:
     slope and making drafts look free."""
 
     def __init__(self, num_tokens: list[int], seconds: list[float], ema: float = 0.05,
-                 kv_read_s: float = 0.0, attention_s: float = 0.0, base_context: int = 0):
+                 kv_read_s: float = 0.0, attention_s: float = 0.0, base_context: int = 0,
+                 chunk: StepCostModel | None = None):
         order = np.argsort(num_tokens)
         self.x = np.asarray(num_tokens, dtype=np.float64)[order]
         self.y = np.asarray(seconds, dtype=np.float64)[order]
@@ -81,6 +83,13 @@ class StepCostModel:
         self.kv_read_s = kv_read_s  # per sequence and context token: reading its KV cache
         self.attention_s = attention_s  # per query token and context token: scores and P V
         self.base_context = base_context  # the profile's context, inside T_lin already
+        # One sequence of n tokens with logits for its last only: prices the tokens that need
+        # no logits (prefill chunks, a draft's catch-up). Priced on the decode curve, logits
+        # over rows that never compute them, a draft's 150-token catch-up came to 10.0 ms where
+        # it takes 6.7, and steps with prefill chunks were predicted 60-77% off (json at 32,
+        # rag at 8-16), dragging the scale down for the decode steps after them. Its own scale
+        # stays 1: this model's scale moves both.
+        self.chunk = chunk
 
     def __call__(self, num_tokens: np.ndarray | float) -> np.ndarray | float:
         """Scaled T_lin: the step's time without the context terms."""
@@ -112,16 +121,20 @@ class StepCostModel:
         """Scaled seconds of the context terms (contexts already counted beyond base_context)."""
         return self.scale * (self.kv_read_s * seq_context + self.attention_s * token_context)
 
-    def predict(self, num_tokens: float, seq_context: float = 0.0,
-                token_context: float = 0.0) -> float:
-        return float(self(num_tokens)) + self.context_time(seq_context, token_context)
+    def predict(self, num_tokens: float, seq_context: float = 0.0, token_context: float = 0.0,
+                num_without_logits: float = 0.0) -> float:
+        """A step of num_tokens, of which num_without_logits need no logits (prefill chunks)."""
+        rows = num_tokens - num_without_logits
+        return float(self(rows)) + float(self.extra_tokens_time(rows, num_without_logits)) \
+            + self.context_time(seq_context, token_context)
 
     def update(self, num_tokens: int, seconds: float, seq_context: float = 0.0,
-               token_context: float = 0.0) -> None:
+               token_context: float = 0.0, num_without_logits: int = 0) -> None:
         """Move the scale toward a measured step (online refinement)."""
         if num_tokens <= 0 or seconds <= 0:
             return
-        self._pull(seconds / max(self.predict(num_tokens, seq_context, token_context), 1e-9))
+        self._pull(seconds / max(self.predict(num_tokens, seq_context, token_context,
+                                              num_without_logits), 1e-9))
 
     def _pull(self, ratio: float) -> None:
         # Clip one step's pull: a step that waited on the OS must not swing the whole model.
@@ -129,8 +142,11 @@ class StepCostModel:
 
     def extra_tokens_time(self, num_seqs, extra_tokens):
         """What extra_tokens more tokens add to a forward of num_seqs sequences x 1 token when
-        they need no logits (a draft's catch-up). Here: priced on the same curve."""
-        return self(num_seqs + extra_tokens) - self(num_seqs)
+        they need no logits (prefill chunks, a draft's catch-up): on the chunk curve if there
+        is one, else on this one."""
+        if self.chunk is None:
+            return self(num_seqs + extra_tokens) - self(num_seqs)
+        return self.scale * (self.chunk(num_seqs + extra_tokens) - self.chunk(num_seqs))
 
     def forward_time(self, num_tokens: int, num_seqs: int) -> float:
         """A forward of num_seqs sequences carrying num_tokens tokens, logits for one row each."""
@@ -143,23 +159,6 @@ class StepCostModel:
         predicted = sum(self.forward_time(t, n) for t, n in forwards)
         if predicted > 0 and seconds > 0:
             self._pull(seconds / predicted)
-
-
-class DraftCostModel(StepCostModel):
-    """A draft network's forward: the curve of n sequences x 1 token with logits for each (the
-    chained draft forwards), plus `catch_up`, the curve of one sequence of n tokens with logits
-    for its last only, which prices tokens caught up on. Priced on the first curve, the EAGLE
-    head's 150-token catch-up came to 10.0 ms where it takes 6.7 ms: logits over 150 rows that a
-    catch-up never computes. One scale (online refinement) moves both."""
-
-    def __init__(self, step: StepCostModel, catch_up: StepCostModel):
-        super().__init__(step.x.tolist(), step.y.tolist(), step.ema, step.kv_read_s,
-                         step.attention_s, step.base_context)
-        self.catch_up = catch_up
-
-    def extra_tokens_time(self, num_seqs, extra_tokens):
-        # the catch-up curve's own scale stays 1: this model's scale moves both
-        return self.scale * (self.catch_up(num_seqs + extra_tokens) - self.catch_up(num_seqs))
 
 
 def fit_knee_curve(num_tokens: list[int], seconds: list[float],
@@ -253,10 +252,10 @@ def choose_num_speculative_tokens(
     k_max = np.asarray(k_max, dtype=np.int64)
     ctx = np.zeros(num_reqs) if contexts is None else beyond(contexts, target_cost.base_context)
     ctx_sum = float(ctx.sum())
-    prefill_time = float(target_cost(num_base_tokens)) - float(
-        target_cost(num_base_tokens - num_prefill_tokens))
-    base_time = float(target_cost(num_base_tokens)) + target_cost.context_time(ctx_sum, ctx_sum) \
-        - prefill_time
+    prefill_time = float(target_cost.extra_tokens_time(num_base_tokens - num_prefill_tokens,
+                                                       num_prefill_tokens))
+    base_time = float(target_cost(num_base_tokens - num_prefill_tokens)) \
+        + target_cost.context_time(ctx_sum, ctx_sum)
     base_tokens = float(num_reqs)
     none = (np.zeros(num_reqs, dtype=np.int64), base_time + prefill_time,
             base_tokens / max(base_time, 1e-9))

@@ -21,7 +21,6 @@ import numpy as np
 from specserve.engine.request import Request
 from specserve.spec_decode.acceptance import AcceptanceTracker
 from specserve.spec_decode.cost_model import (
-    DraftCostModel,
     StepCostModel,
     choose_num_speculative_tokens,
     token_context_sum,
@@ -81,10 +80,11 @@ class SpecPolicy:
 
     def observe_step(self, num_tokens: int, forward_s: float,
                      draft_forwards: list[tuple[int, int]], draft_s: float,
-                     runs: list[tuple[int, int]] = ()) -> None:
+                     runs: list[tuple[int, int]] = (), num_without_logits: int = 0) -> None:
         """A step ran: num_tokens in one target forward of forward_s seconds, draft forwards of
         (tokens, sequences) each in draft_s seconds; runs: (first position, tokens) of each
-        scheduled sequence (the context the forward's attention read)."""
+        scheduled sequence (the context the forward's attention read); num_without_logits of
+        the tokens needed no logits (prefill chunks)."""
         if self.last_predicted_s is not None:
             actual = forward_s + draft_s
             self.abs_error_s += abs(self.last_predicted_s - actual)
@@ -149,7 +149,7 @@ class AdaptivePolicy(SpecPolicy):
     name = "adaptive"
 
     def __init__(self, k_max: int, target_cost: StepCostModel,
-                 draft_cost: DraftCostModel | None):
+                 draft_cost: StepCostModel | None):
         super().__init__(k_max)
         self.target_cost = target_cost
         self.draft_cost = draft_cost
@@ -203,18 +203,21 @@ class AdaptivePolicy(SpecPolicy):
         if len(eligible):
             ks[eligible[(self.num_plans // every) % len(eligible)]] += 1
 
-    def observe_step(self, num_tokens, forward_s, draft_forwards, draft_s, runs=()):
-        super().observe_step(num_tokens, forward_s, draft_forwards, draft_s, runs)
+    def observe_step(self, num_tokens, forward_s, draft_forwards, draft_s, runs=(),
+                     num_without_logits=0):
+        super().observe_step(num_tokens, forward_s, draft_forwards, draft_s, runs,
+                             num_without_logits)
         base = self.target_cost.base_context
         seq_context = sum(max(start + n - base, 0) for start, n in runs)
         token_context = sum(token_context_sum(start, n, base) for start, n in runs)
-        self.target_cost.update(num_tokens, forward_s, seq_context, token_context)
+        self.target_cost.update(num_tokens, forward_s, seq_context, token_context,
+                                num_without_logits)
         if self.draft_cost is not None and draft_forwards:
             self.draft_cost.update_forwards(draft_forwards, draft_s)
 
 
 def build_policy(spec: str, k_max: int, target_cost: StepCostModel | None = None,
-                 draft_cost: DraftCostModel | None = None) -> SpecPolicy:
+                 draft_cost: StepCostModel | None = None) -> SpecPolicy:
     if spec == "off":
         return OffPolicy(k_max)
     if spec == "static":

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import torch
 
 from specserve.engine.model_runner import ModelRunner
-from specserve.spec_decode.cost_model import DraftCostModel, StepCostModel, fit_knee_curve
+from specserve.spec_decode.cost_model import StepCostModel, fit_knee_curve
 
 PROFILE_POINTS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128, 129, 192, 256)
 # Row counts after which a forward may cost a step more (fit_knee_curve), each profiled on both
@@ -34,8 +34,9 @@ ROW_STEPS = (16, 32, 64, 128)
 # Zen 3) three of each large point made the profile take 16 s.
 POINT_BUDGET_S = 0.25
 CONTEXT_SEQS, CONTEXT_QUERY = 8, 4  # the context shapes: S sequences, 1 or Q tokens each
-# A draft's catch-up: one sequence of n tokens (a prompt, or a stretch without speculation)
-CATCH_UP_POINTS = (1, 16, 64, 256, 1024)
+# Tokens without logits: one sequence of n tokens (a prefill chunk; a draft's catch-up on a
+# prompt, or on a stretch without speculation)
+CHUNK_POINTS = (1, 16, 64, 256, 1024)
 
 
 def _fake_seq(runner: ModelRunner, i: int, ctx: int, q: int = 1) -> SimpleNamespace:
@@ -71,11 +72,14 @@ def _context_limit(runner: ModelRunner) -> int:
 
 
 def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINTS,
-                    context: int = 96, long_context: int = 1024,
-                    repeats: int = 3) -> StepCostModel:
+                    context: int = 96, long_context: int = 1024, repeats: int = 3,
+                    chunk_points: tuple[int, ...] = CHUNK_POINTS) -> StepCostModel:
     """Time decode-shaped forwards of n sequences x 1 token (n in points) at a fixed context,
     with logits for every token (as a verification step needs); the fastest of up to `repeats`
-    runs per point. Then the context shapes (module docstring)."""
+    runs per point. Then the context shapes (module docstring), and the chunk curve: one
+    sequence of n tokens with logits for its last only (n in chunk_points, within the pool and
+    the model's positions). The same profile serves the target and a draft network (its chained
+    forwards, and its catch-up on the chunk curve)."""
     def fastest(shape: list[tuple[SimpleNamespace, int]]) -> float:
         return _fastest(runner, shape, torch.arange(sum(q for _, q in shape)), repeats)
 
@@ -104,17 +108,9 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
               - fastest([(seq(i, context, q), q) for i in range(s)])) / (s * extra)
         attention_s = max((dq - d1) / (q - 1), 0.0)
         kv_read_s = max(d1 - attention_s, 0.0)
+    chunk = [n for n in chunk_points if n <= limit]
+    chunk_times = [_fastest(runner, [(seq(0, n, n), n)], torch.tensor([n - 1]), repeats)
+                   for n in chunk]
     return StepCostModel(list(points), fit_knee_curve(list(points), times, ROW_STEPS),
-                         kv_read_s=kv_read_s, attention_s=attention_s, base_context=context)
-
-
-def profile_draft(runner: ModelRunner, catch_up_points: tuple[int, ...] = CATCH_UP_POINTS,
-                  repeats: int = 3) -> DraftCostModel:
-    """A draft network's cost model: profile_forward's curve for the chained draft forwards,
-    and one sequence of n tokens with logits for its last only (n in catch_up_points, within
-    the pool and the model's positions) for the tokens a catch-up forward adds."""
-    step = profile_forward(runner, repeats=repeats)
-    points = [n for n in catch_up_points if n <= _context_limit(runner)]
-    times = [_fastest(runner, [(_fake_seq(runner, 0, n, n), n)], torch.tensor([n - 1]), repeats)
-             for n in points]
-    return DraftCostModel(step, StepCostModel(points, fit_knee_curve(points, times)))
+                         kv_read_s=kv_read_s, attention_s=attention_s, base_context=context,
+                         chunk=StepCostModel(chunk, fit_knee_curve(chunk, chunk_times)))
