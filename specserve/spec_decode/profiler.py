@@ -34,9 +34,14 @@ ROW_STEPS = (16, 32, 64, 128)
 # Zen 3) three of each large point made the profile take 16 s.
 POINT_BUDGET_S = 0.25
 CONTEXT_SEQS, CONTEXT_QUERY = 8, 4  # the context shapes: S sequences, 1 or Q tokens each
-# Tokens without logits: one sequence of n tokens (a prefill chunk; a draft's catch-up on a
-# prompt, or on a stretch without speculation)
+# Tokens without logits (prefill chunks; a draft's catch-up on a prompt, or on a stretch
+# without speculation): n tokens as sequences of at most CHUNK_SEQ_LEN, so that the curve is
+# the tokens' own cost and attention past the profile's context stays with the context terms.
+# Timed as one sequence, 1,024 tokens took 482 ms (attention quadratic in its length) where a
+# step of 2,048 prefill tokens from many prompts took 350-370, and the curve priced that step
+# at 1,030 ms.
 CHUNK_POINTS = (1, 16, 64, 256, 1024)
+CHUNK_SEQ_LEN = 64
 
 
 def _fake_seq(runner: ModelRunner, i: int, ctx: int, q: int = 1) -> SimpleNamespace:
@@ -76,10 +81,10 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
                     chunk_points: tuple[int, ...] = CHUNK_POINTS) -> StepCostModel:
     """Time decode-shaped forwards of n sequences x 1 token (n in points) at a fixed context,
     with logits for every token (as a verification step needs); the fastest of up to `repeats`
-    runs per point. Then the context shapes (module docstring), and the chunk curve: one
-    sequence of n tokens with logits for its last only (n in chunk_points, within the pool and
-    the model's positions). The same profile serves the target and a draft network (its chained
-    forwards, and its catch-up on the chunk curve)."""
+    runs per point. Then the context shapes (module docstring), and the chunk curve: n tokens
+    in sequences of CHUNK_SEQ_LEN, logits for the last token only (n in chunk_points). The same
+    profile serves the target and a draft network (its chained forwards, and its catch-up on
+    the chunk curve)."""
     def fastest(shape: list[tuple[SimpleNamespace, int]]) -> float:
         return _fastest(runner, shape, torch.arange(sum(q for _, q in shape)), repeats)
 
@@ -108,8 +113,14 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
               - fastest([(seq(i, context, q), q) for i in range(s)])) / (s * extra)
         attention_s = max((dq - d1) / (q - 1), 0.0)
         kv_read_s = max(d1 - attention_s, 0.0)
-    chunk = [n for n in chunk_points if n <= limit]
-    chunk_times = [_fastest(runner, [(seq(0, n, n), n)], torch.tensor([n - 1]), repeats)
+
+    def chunk_shape(n: int) -> list[tuple[SimpleNamespace, int]]:
+        full, rest = divmod(n, CHUNK_SEQ_LEN)
+        lens = [CHUNK_SEQ_LEN] * full + [rest] * bool(rest)
+        return [(seq(i, q, q), q) for i, q in enumerate(lens)]
+
+    chunk = list(chunk_points)
+    chunk_times = [_fastest(runner, chunk_shape(n), torch.tensor([n - 1]), repeats)
                    for n in chunk]
     return StepCostModel(list(points), fit_knee_curve(list(points), times, ROW_STEPS),
                          kv_read_s=kv_read_s, attention_s=attention_s, base_context=context,
