@@ -129,12 +129,13 @@ class StepCostModel:
             + self.context_time(seq_context, token_context)
 
     def update(self, num_tokens: int, seconds: float, seq_context: float = 0.0,
-               token_context: float = 0.0, num_without_logits: int = 0) -> None:
-        """Move the scale toward a measured step (online refinement)."""
-        if num_tokens <= 0 or seconds <= 0:
-            return
-        self._pull(seconds / max(self.predict(num_tokens, seq_context, token_context,
-                                              num_without_logits), 1e-9))
+               token_context: float = 0.0, num_without_logits: int = 0) -> float:
+        """Move the scale toward a measured step (online refinement). Returns the step's time
+        as predicted before the move."""
+        predicted = self.predict(num_tokens, seq_context, token_context, num_without_logits)
+        if num_tokens > 0 and seconds > 0:
+            self._pull(seconds / max(predicted, 1e-9))
+        return predicted
 
     def _pull(self, ratio: float) -> None:
         # Clip one step's pull: a step that waited on the OS must not swing the whole model.
@@ -153,12 +154,14 @@ class StepCostModel:
         return float(self(num_seqs)) + float(self.extra_tokens_time(num_seqs,
                                                                     num_tokens - num_seqs))
 
-    def update_forwards(self, forwards: list[tuple[int, int]], seconds: float) -> None:
+    def update_forwards(self, forwards: list[tuple[int, int]], seconds: float) -> float:
         """Move the scale toward the measured time of several forwards, (tokens, sequences)
-        each (a proposal: a catch-up forward, then one token per sequence)."""
+        each (a proposal: a catch-up forward, then one token per sequence). Returns their time
+        as predicted before the move."""
         predicted = sum(self.forward_time(t, n) for t, n in forwards)
         if predicted > 0 and seconds > 0:
             self._pull(seconds / predicted)
+        return predicted
 
 
 def fit_knee_curve(num_tokens: list[int], seconds: list[float],

@@ -210,17 +210,12 @@ class AdaptivePolicy(SpecPolicy):
         base = self.target_cost.base_context
         seq_context = sum(max(start + n - base, 0) for start, n in runs)
         token_context = sum(token_context_sum(start, n, base) for start, n in runs)
-        self.last_predicted_s = self.target_cost.predict(num_tokens, seq_context, token_context,
-                                                         num_without_logits)
-        if self.draft_cost is not None:
-            self.last_predicted_s += sum(self.draft_cost.forward_time(t, n)
-                                         for t, n in draft_forwards)
+        self.last_predicted_s = self.target_cost.update(num_tokens, forward_s, seq_context,
+                                                        token_context, num_without_logits)
+        if self.draft_cost is not None and draft_forwards:
+            self.last_predicted_s += self.draft_cost.update_forwards(draft_forwards, draft_s)
         super().observe_step(num_tokens, forward_s, draft_forwards, draft_s, runs,
                              num_without_logits)
-        self.target_cost.update(num_tokens, forward_s, seq_context, token_context,
-                                num_without_logits)
-        if self.draft_cost is not None and draft_forwards:
-            self.draft_cost.update_forwards(draft_forwards, draft_s)
 
 
 def build_policy(spec: str, k_max: int, target_cost: StepCostModel | None = None,
