@@ -193,6 +193,5 @@ class ModelRunner:
                              *model_inputs, **aux)
         hidden, streams = out if aux else (out, [])
         rows = hidden.index_select(0, logits_indices.to(self.device))
-        logits = (self.model.compute_logits(rows) if float32_logits
-                  else self.model.compute_logits(rows, float32=False)).cpu()
+        logits = self.model.compute_logits(rows, float32=float32_logits).cpu()
         return (torch.cat([hidden, *streams], dim=-1) if streams else hidden), logits

@@ -100,9 +100,11 @@ class EagleHead(nn.Module):
         """Training: [B, T] ids and [B, T, feature_size] previous features -> [B, T, hidden]."""
         return self.norm(dense_layers(self.layers, self.fuse(input_ids, features), self.rotary))
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] -> [n, head_size] fp32 logits over the head's ids."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """[n, hidden] -> [n, head_size] logits over the head's ids, fp32 unless float32 is
+        False (LlamaModel.compute_logits: the runner calls both alike)."""
+        logits = self.lm_head(hidden)
+        return logits.float() if float32 else logits
 
     def to_full_ids(self, head_index: torch.Tensor) -> torch.Tensor:
         return head_index if self.head_ids is None else self.head_ids[head_index]
