@@ -37,10 +37,7 @@ inline __m512 row_load16(const float* x) { return _mm512_loadu_ps(x); }
 inline __m512 row_load16(const c10::BFloat16* x) { return bf16x16_to_f32(x); }  // fused_ops.cpp
 #elif defined(__AVX2__)
 inline __m256 row_load8(const float* x) { return _mm256_loadu_ps(x); }
-inline __m256 row_load8(const c10::BFloat16* x) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
+inline __m256 row_load8(const c10::BFloat16* x) { return widen_bf16(x); }  // bf16_gemv.cpp
 #endif
 
 template <typename T>

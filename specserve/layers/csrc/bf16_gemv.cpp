@@ -22,7 +22,7 @@
 #include <c10/util/BFloat16.h>
 #include <torch/csrc/utils/pybind.h>
 
-#if defined(__AVX2__) && defined(__FMA__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -31,13 +31,16 @@
 
 namespace {
 
-#if defined(__AVX2__) && defined(__FMA__)
-constexpr bool kGemvVectorized = true;
-
-inline __m256 widen_bf16(const c10::BFloat16* p) {  // 8 bf16 -> 8 fp32, exactly
+#if defined(__AVX2__)
+// 8 bf16 -> 8 fp32, exactly (also argmax.cpp's, later in the translation unit).
+inline __m256 widen_bf16(const c10::BFloat16* p) {
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
 }
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+constexpr bool kGemvVectorized = true;
 
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
