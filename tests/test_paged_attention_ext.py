@@ -104,12 +104,26 @@ def test_spec_verify(dtype, head_dim, heads):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads", [(9, 3), (8, 2), (4, 4)])
+def test_prefill(dtype, head_dim, heads):
+    """Whole prompts, and prompt chunks over a cached prefix: runs of up to 16 tokens with 16 to
+    64 rows per KV head. On AMX CPUs the bf16 runs of more than 16 rows per KV head take
+    amx_rows_head (keys and values re-laid per tile, P in two bf16 parts), whose P V must stay
+    within the same bound as the rest: P rounded once to bf16 would not."""
+    ctx = [1, 17, 40, 130, 300, 64]
+    q_lens = [1, 17, 40, 100, 45, 33]
+    check(ctx, q_lens, *heads, head_dim, dtype, seed=head_dim + heads[0] + 20)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("block_size", [16, 32, 64])
 def test_nan_past_the_context_is_masked(dtype, head_dim, block_size):
     """The rest of a sequence's last block holds NaN. On AMX CPUs the bf16 kernel scores whole
     groups of 16 slots there and must mask those scores: a NaN mixed into a softmax or P.V would
-    show in every output row of the sequence."""
-    ctx, q_lens = [1, 15, 16, 17, 33, 47, 100], [1, 1, 1, 5, 1, 3, 1]
+    show in every output row of the sequence (prefill runs re-lay the slots they read and must
+    not carry NaN over either)."""
+    ctx, q_lens = [1, 15, 16, 17, 33, 47, 100, 70, 41], [1, 1, 1, 5, 1, 3, 1, 70, 30]
     q, kc, vc, bt, ts, tp = make_case(ctx, q_lens, 9, 3, head_dim, dtype, block_size, seed=5)
     for s, c in enumerate(ctx):
         for pos in range(c, -(-c // block_size) * block_size):

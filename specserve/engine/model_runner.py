@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -21,12 +22,13 @@ from specserve.models.llama import LlamaModel
 # The gather path pads a group to its longest query, so there decodes and speculative
 # verification (a few tokens) stay apart from prefill chunks.
 SHORT_QUERY_LEN = 16
-# The fused kernel pads nothing (it cuts a sequence's queries into runs of 16), and one group is
-# what the C++ layer loop takes: prefill chunks up to this long join the decodes. At 16, a
-# 41-token chat prompt's prefill ran the Python layers and the gather path, 30 ms against 16.5
-# through the kernel; the kernel was faster at every length measured up to 256 tokens, for 1
-# and 4 sequences (docs/results/2026-12-05-session27).
-KERNEL_QUERY_LEN = 256
+# The fused kernel pads nothing (it cuts a sequence's queries into runs with their causal
+# positions) and materialises no scores, so every query joins its one group, which is also what
+# the C++ layer loop takes. Session 27 sent chunks of up to 256 tokens there (a 41-token prompt:
+# 30 ms through the gather path, 16.5 through the kernel); since session 29's AMX prefill tiles
+# a 2,048-token prompt reaches its first token in 0.79 s through the kernel against 1.8 s
+# through the gather path (bf16; fp32 2.5 s against 4.1; docs/performance.md).
+KERNEL_QUERY_LEN = sys.maxsize
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:

@@ -1,15 +1,17 @@
 """Paged attention for a flat batch of variable-length sequences.
 
 Each layer's KV pool (kv_cache.py) is a flat array of slots; a sequence's keys live in the slots
-its block table names. Sequences are split into at most two groups:
+its block table names.
 
-- short queries (decodes, speculative verification: a few tokens each) go to the fused C++ kernel
-  (paged_attention_ext.py), which reads K/V in place through the block tables (8-bit pools are
-  dequantized inside it);
-- long queries (prefill chunks), and every query when the kernel is unavailable, take the
-  PyTorch path: gather each sequence's K/V through its block table with one
-  `index_select`, then two batched matmuls per group, padded to the group's longest query and
-  context. (CPU SDPA is ~10x slower than this for short queries, measured; docs/performance.md.)
+- Where the fused C++ kernel is built (paged_attention_ext.py, CPUs), every query of a step goes
+  to it in one group: decodes, speculative verification and prefill chunks alike
+  (model_runner.KERNEL_QUERY_LEN). It reads K/V in place through the block tables (8-bit pools
+  are dequantized inside it) and never materialises the scores.
+- Otherwise (a GPU, or no extension) the PyTorch path gathers each sequence's K/V through its
+  block table with one `index_select`, then runs two batched matmuls per group, padded to the
+  group's longest query and context; decodes and verification (up to SHORT_QUERY_LEN tokens)
+  form one group and prefill chunks another, so that short queries are not padded to a chunk's
+  length. (CPU SDPA is ~10x slower than this for short queries, measured; docs/performance.md.)
 
 No per-sequence Python loop runs inside a layer, and caches are never concatenated.
 """

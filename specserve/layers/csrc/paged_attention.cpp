@@ -54,6 +54,9 @@ namespace {
 
 constexpr int TILE = 32;             // keys per online-softmax tile (hmax_tile assumes 32)
 constexpr int MAX_RUN_TOKENS = 16;   // query tokens of one sequence sharing a work item
+#ifndef MAX_ROW_TILE_RUN_TOKENS
+#define MAX_ROW_TILE_RUN_TOKENS 32
+#endif
 constexpr int64_t MIN_PART_KEYS = 128;  // smallest key partition when splitting
 #ifndef PREFETCH_KEYS
 #define PREFETCH_KEYS 64                 // software prefetch distance, in keys
@@ -396,6 +399,36 @@ inline float hmax_tile(const float* s) {  // max of TILE (= 32) floats
   return m[0];
 }
 
+// Scores of keys a row may not see (causal: positions >= lim; a short tile's padding) -> -inf.
+inline void mask_past(float* sr, int32_t lim, int64_t j0, int n) {
+  const int valid = static_cast<int>(std::clamp<int64_t>(lim - j0, 0, n));
+  for (int j = valid; j < TILE; ++j) sr[j] = -std::numeric_limits<float>::infinity();
+}
+
+// Online softmax over a tile's scores (log2 units): each row of sbuf becomes its probabilities
+// against the running max; alpha[r] is the factor that rescales row r's earlier sums.
+inline void online_softmax(float* __restrict sbuf, int64_t R, float* __restrict mrow,
+                           float* __restrict lrow, float* __restrict alpha) {
+  for (int64_t r = 0; r < R; ++r) {
+    float* __restrict sr = sbuf + r * TILE;
+    const float mx = std::max(mrow[r], hmax_tile(sr));
+    if (mx == -std::numeric_limits<float>::infinity()) {  // nothing visible yet
+      for (int j = 0; j < TILE; ++j) sr[j] = 0.0f;
+      alpha[r] = 1.0f;
+      continue;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < TILE; ++j) {
+      const float e = exp2_neg(sr[j] - mx);
+      sr[j] = e;
+      sum += e;
+    }
+    alpha[r] = mx != mrow[r] ? exp2_neg(mrow[r] - mx) : 1.0f;
+    lrow[r] = lrow[r] * alpha[r] + sum;
+    mrow[r] = mx;
+  }
+}
+
 struct Run {        // consecutive query tokens of one sequence
   int32_t t0;       // first token
   int32_t m;        // number of tokens
@@ -459,8 +492,181 @@ struct Scratch {
   std::vector<float> zero;  // [D] zeros (padding rows of a short tile)
   std::vector<uint16_t> qt;  // [KVH, D / 32, 16, RG, 2] queries as AMX B operands (amx_scores)
   std::vector<float> st;     // [2, 16, 16] AMX scores of a tile, keys x rows
+  std::vector<uint16_t> kt;  // [2, D / 32, 16, 16, 2] a tile's keys as B operands (amx_rows_head)
+  std::vector<uint16_t> vv;  // [D / 16, 16, 16, 2] a tile's values as B operands
+  std::vector<uint16_t> pa;  // [2, 16, TILE] probabilities as A operands: bf16 and remainder
+  std::vector<float> pv;     // [16, D] P V of one block of rows
   uint64_t touched = 0;      // touch_slots' words (kept so that its loads are not dropped)
 };
+
+#if defined(SPECSERVE_AMX) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define SPECSERVE_AMX_ROWS 1
+#endif
+#ifdef SPECSERVE_AMX_ROWS
+// Runs with more than 16 rows per KV head (prefill chunks; long verifications) on AMX tiles,
+// row-major: S = Q K^T and O += P V, 16 rows at a time. The query rows are A operands read in
+// place; each tile's keys and values are re-laid once per KV head as B operands (K^T pairs of
+// dims, V pairs of keys) and shared by all the head's rows, which is what makes this pay only
+// for many rows (at decode, amx_scores' K Q^T needs no re-layout). P goes in as two bf16 parts,
+// its rounding and the remainder, so P V keeps ~16 bits of P (2^-17 relative), as the fp32 paths
+// do to within their tolerance, instead of bf16's 8 bits.
+const TileConfig& rows_tile_config() {  // every tile 16 rows x 64 bytes
+  static const TileConfig c = [] {
+    TileConfig t{};
+    for (int i = 0; i < 8; ++i) {
+      t.rows[i] = 16;
+      t.colsb[i] = 64;
+    }
+    return t;
+  }();
+  return c;
+}
+
+// Transpose 16 x 16 32-bit words in registers (row i of the input -> column i of the output).
+inline void transpose16x16_epi32(__m512i* r) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + k], lane l: column 4 l + k of rows i .. i + 3
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {  // a 4 x 4 transpose of 128-bit lanes
+    const __m512i a = _mm512_shuffle_i32x4(u[k], u[4 + k], 0x44);
+    const __m512i b = _mm512_shuffle_i32x4(u[k], u[4 + k], 0xee);
+    const __m512i c = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0x44);
+    const __m512i d = _mm512_shuffle_i32x4(u[8 + k], u[12 + k], 0xee);
+    r[k] = _mm512_shuffle_i32x4(a, c, 0x88);
+    r[4 + k] = _mm512_shuffle_i32x4(a, c, 0xdd);
+    r[8 + k] = _mm512_shuffle_i32x4(b, d, 0x88);
+    r[12 + k] = _mm512_shuffle_i32x4(b, d, 0xdd);
+  }
+}
+
+// kt[g][c][p][j] = the dims 32 c + 2 p, + 1 of key 16 g + j (a 32-bit word); keys past n are 0.
+template <int NC>
+inline void pack_keys(const uint16_t* kc, const int64_t* slot, int64_t head_off, int n,
+                      uint16_t* kt) {
+  constexpr int CH = NC / 2;  // 32-dim chunks
+  for (int g = 0; g < (n > 16 ? 2 : 1); ++g)
+    for (int c = 0; c < CH; ++c) {
+      __m512i r[16];
+      for (int j = 0; j < 16; ++j)
+        r[j] = 16 * g + j < n ? _mm512_loadu_si512(kc + slot[16 * g + j] + head_off + 32 * c)
+                              : _mm512_setzero_si512();
+      transpose16x16_epi32(r);
+      uint16_t* dst = kt + (g * CH + c) * 512;
+      for (int p = 0; p < 16; ++p) _mm512_storeu_si512(dst + 32 * p, r[p]);
+    }
+}
+
+// vv[c][p][d] = (V[2 p][16 c + d], V[2 p + 1][16 c + d]) for the tile's keys; keys past n are 0
+// (their probabilities are 0, but a NaN slot times 0 would still be NaN).
+template <int NC>
+inline void pack_values(const uint16_t* vc, const int64_t* slot, int64_t head_off, int n,
+                        uint16_t* vv) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40,
+                                      8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int p = 0; p < 16; ++p) {
+    const uint16_t* a = 2 * p < n ? vc + slot[2 * p] + head_off : nullptr;
+    const uint16_t* b = 2 * p + 1 < n ? vc + slot[2 * p + 1] + head_off : nullptr;
+    for (int h = 0; h < NC / 2; ++h) {
+      const __m512i va = a ? _mm512_loadu_si512(a + 32 * h) : _mm512_setzero_si512();
+      const __m512i vb = b ? _mm512_loadu_si512(b + 32 * h) : _mm512_setzero_si512();
+      _mm512_storeu_si512(vv + (2 * h) * 512 + 32 * p, _mm512_permutex2var_epi16(va, lo, vb));
+      _mm512_storeu_si512(vv + (2 * h + 1) * 512 + 32 * p, _mm512_permutex2var_epi16(va, hi, vb));
+    }
+  }
+}
+
+// One KV head of one tile for R > 16 rows (see above): scores into sbuf (which, like qb, has
+// 16 rows of slack past the last head: a block's tile loads and stores always cover 16 rows),
+// the shared online softmax, then acc = acc * alpha + P V.
+template <int NC>
+inline void amx_rows_head(Scratch& sc, const uint16_t* kc, const uint16_t* vc, int64_t head_off,
+                          int64_t j0, int n, int64_t R, const uint16_t* qb, float qscale,
+                          float* __restrict acc, float* __restrict sbuf, float* __restrict mrow,
+                          float* __restrict lrow, float* __restrict alpha,
+                          const int32_t* __restrict lim) {
+  constexpr int D = 16 * NC, CH = NC / 2;
+  uint16_t* kt = sc.kt.data();
+  uint16_t* vv = sc.vv.data();
+  pack_keys<NC>(kc, sc.slot.data(), head_off, n, kt);
+  pack_values<NC>(vc, sc.slot.data(), head_off, n, vv);
+  const bool two = n > 16;
+  for (int64_t r0 = 0; r0 < R; r0 += 16) {
+    _tile_zero(0);
+    if (two) _tile_zero(1);
+    for (int c = 0; c < CH; ++c) {
+      _tile_loadd(2, qb + r0 * D + 32 * c, D * 2);
+      _tile_loadd(4, kt + c * 512, 64);
+      _tile_dpbf16ps(0, 2, 4);
+      if (two) {
+        _tile_loadd(5, kt + (CH + c) * 512, 64);
+        _tile_dpbf16ps(1, 2, 5);
+      }
+    }
+    _tile_stored(0, sbuf + r0 * TILE, TILE * 4);
+    if (two) _tile_stored(1, sbuf + r0 * TILE + 16, TILE * 4);
+  }
+  const v16f sc16 = splat(qscale);
+  for (int64_t r = 0; r < R; ++r) {
+    float* sr = sbuf + r * TILE;
+    store16(sr, load16(sr) * sc16);
+    if (two) store16(sr + 16, load16(sr + 16) * sc16);
+    mask_past(sr, lim[r], j0, n);
+  }
+  online_softmax(sbuf, R, mrow, lrow, alpha);
+  uint16_t* phi = sc.pa.data();
+  uint16_t* plo = phi + 16 * TILE;
+  float* pv = sc.pv.data();
+  for (int64_t r0 = 0; r0 < R; r0 += 16) {
+    const int64_t rows = std::min<int64_t>(16, R - r0);
+    for (int64_t i = 0; i < 16; ++i) {
+      if (i >= rows) {
+        _mm512_storeu_si512(phi + i * TILE, _mm512_setzero_si512());
+        _mm512_storeu_si512(plo + i * TILE, _mm512_setzero_si512());
+        continue;
+      }
+      const float* sr = sbuf + (r0 + i) * TILE;
+      const __m512 p0 = _mm512_loadu_ps(sr), p1 = _mm512_loadu_ps(sr + 16);
+      const __m512bh h = _mm512_cvtne2ps_pbh(p1, p0);
+      const __m512i hb = reinterpret_cast<__m512i>(h);
+      const __m512 h0 = _mm512_cvtpbh_ps(reinterpret_cast<__m256bh>(_mm512_castsi512_si256(hb)));
+      const __m512 h1 =
+          _mm512_cvtpbh_ps(reinterpret_cast<__m256bh>(_mm512_extracti64x4_epi64(hb, 1)));
+      _mm512_storeu_si512(phi + i * TILE, hb);
+      _mm512_storeu_si512(plo + i * TILE, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(
+                                              _mm512_sub_ps(p1, h1), _mm512_sub_ps(p0, h0))));
+    }
+    _tile_loadd(2, phi, TILE * 2);
+    _tile_loadd(3, plo, TILE * 2);
+    for (int h = 0; h < CH; ++h) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_loadd(4, vv + (2 * h) * 512, 64);
+      _tile_loadd(5, vv + (2 * h + 1) * 512, 64);
+      _tile_dpbf16ps(0, 2, 4);
+      _tile_dpbf16ps(1, 2, 5);
+      _tile_dpbf16ps(0, 3, 4);
+      _tile_dpbf16ps(1, 3, 5);
+      _tile_stored(0, pv + 32 * h, D * 4);
+      _tile_stored(1, pv + 32 * h + 16, D * 4);
+    }
+    for (int64_t i = 0; i < rows; ++i) {
+      float* ar = acc + (r0 + i) * D;
+      const v16f al = splat(alpha[r0 + i]);
+      for (int c = 0; c < NC; ++c)
+        store16(ar + 16 * c, load16(ar + 16 * c) * al + load16(pv + i * D + 16 * c));
+    }
+  }
+}
+#endif
 
 // One KV head of one tile: scores, online softmax, P V for that head's R rows.
 // NC > 0: head_dim = 16 * NC with explicit 16-lane vectors; NC == 0: any head_dim, plain loops.
@@ -544,28 +750,9 @@ inline void tile_head(Scratch& sc, const C* __restrict kc, const C* __restrict v
         sr[j] = dot;
       }
     }
-    const int valid = static_cast<int>(std::clamp<int64_t>(lim[r] - j0, 0, n));
-    for (int j = valid; j < TILE; ++j) sr[j] = -std::numeric_limits<float>::infinity();
+    mask_past(sr, lim[r], j0, n);
   }
-  // Online softmax: one max / exp / rescale per row per tile.
-  for (int64_t r = 0; r < R; ++r) {
-    float* __restrict sr = sbuf + r * TILE;
-    const float mx = std::max(mrow[r], hmax_tile(sr));
-    if (mx == -std::numeric_limits<float>::infinity()) {  // nothing visible yet
-      for (int j = 0; j < TILE; ++j) sr[j] = 0.0f;
-      alpha[r] = 1.0f;
-      continue;
-    }
-    float sum = 0.0f;
-    for (int j = 0; j < TILE; ++j) {
-      const float e = exp2_neg(sr[j] - mx);
-      sr[j] = e;
-      sum += e;
-    }
-    alpha[r] = mx != mrow[r] ? exp2_neg(mrow[r] - mx) : 1.0f;
-    lrow[r] = lrow[r] * alpha[r] + sum;
-    mrow[r] = mx;
-  }
+  online_softmax(sbuf, R, mrow, lrow, alpha);
   // acc = acc * alpha + P V.
   if constexpr (kQuant && NC > 0) {  // widened, scaled V rows, then the fp32 P V blocks
     const float** vr = reinterpret_cast<const float**>(sc.vrow.data());
@@ -706,7 +893,9 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
 
   // AMX scores (bf16 pools, head_dim 64 / 128): queries as B operands, once per item; each KV
   // head's take as many elements as its rows of q (D / 32 chunks x 16 pairs x RG x 2).
+  // More rows per KV head: amx_rows_head.
   const uint16_t* qt = nullptr;
+  [[maybe_unused]] bool row_tiles = false;
 #ifdef SPECSERVE_AMX
   if constexpr (std::is_same<T, c10::BFloat16>::value && sizeof(C) == 2 && (NC == 4 || NC == 8)) {
     if (p.amx && RG <= kAmxAttnMaxRows) {
@@ -715,6 +904,12 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
       _tile_loadconfig(&attention_tile_config(RG, NC));
       qt = sc.qt.data();
     }
+#ifdef SPECSERVE_AMX_ROWS
+    else if (p.amx) {
+      _tile_loadconfig(&rows_tile_config());
+      row_tiles = true;
+    }
+#endif
   }
 #endif
 
@@ -756,6 +951,16 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
     sc.touched ^= touch_slots(kc, vc, sc.slot.data(), n, slot_elems);
     for (int64_t kvh = 0; kvh < KVH; ++kvh) {
       const int64_t r0 = kvh * RG;
+#ifdef SPECSERVE_AMX_ROWS
+      if constexpr (std::is_same<T, c10::BFloat16>::value && sizeof(C) == 2 &&
+                    (NC == 4 || NC == 8)) {
+        if (row_tiles) {
+          amx_rows_head<NC>(sc, kc, vc, kvh * D, j0, n, RG, qb + r0 * D, p.qscale, acc + r0 * D,
+                            sbuf + r0 * TILE, mrow + r0, lrow + r0, alpha + r0, lim + r0);
+          continue;
+        }
+      }
+#endif
       tile_head<T, NC, C>(sc, kc, vc, p.k_scale, p.v_scale, kvh * D, D, j0, n, RG, qf + r0 * D, qb + r0 * D, p.qscale,
                        acc + r0 * D, sbuf + r0 * TILE, mrow + r0, lrow + r0, alpha + r0,
                        lim + r0, qt ? qt + r0 * D : nullptr, slot_elems);
@@ -831,9 +1036,9 @@ void launch(const Params& p, const std::vector<Run>& runs, const std::vector<Ite
       if (static_cast<int64_t>(v.size()) < n) v.resize(n);
     };
     grow(sc.q, max_rows * D);
-    grow(sc.qb, max_rows * D);
+    grow(sc.qb, (max_rows + 16) * D);  // slack: amx_rows_head's tiles cover 16 rows
     grow(sc.acc, max_rows * D);
-    grow(sc.s, max_rows * TILE);
+    grow(sc.s, (max_rows + 16) * TILE);
     grow(sc.m, max_rows);
     grow(sc.l, max_rows);
     grow(sc.lim, max_rows);
@@ -847,6 +1052,10 @@ void launch(const Params& p, const std::vector<Run>& runs, const std::vector<Ite
     if (p.amx) {
       grow(sc.qt, max_rows * D);
       grow(sc.st, 2 * 16 * 16);
+      grow(sc.kt, 2 * 16 * D);
+      grow(sc.vv, 32 * D);
+      grow(sc.pa, 2 * 16 * TILE);
+      grow(sc.pv, 16 * D);
     }
     // With many items, claim the next one ahead so that its first keys load while this one
     // computes (holding one item back costs at most the smallest items' balance at the end);
@@ -968,7 +1177,17 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   const int32_t* pos_p = tpos.data_ptr<int32_t>();
   const int32_t* bt = block_tables.data_ptr<int32_t>();
 
-  // Runs of consecutive tokens of one sequence; validate every block they will read.
+  bool amx = false;
+#ifdef SPECSERVE_AMX
+  amx = kv_format == 0 && q.scalar_type() == at::kBFloat16 && block_size % 16 == 0 &&
+        attention_amx_enabled();
+#endif
+  // Runs of consecutive tokens of one sequence; validate every block they will read. Runs on
+  // amx_rows_head are longer: each tile's keys and values are re-laid once per run.
+  int64_t max_run = MAX_RUN_TOKENS;
+#ifdef SPECSERVE_AMX_ROWS
+  if (amx && (D == 64 || D == 128)) max_run = MAX_ROW_TILE_RUN_TOKENS;
+#endif
   std::vector<Run> runs;
   int64_t max_len = 0;
   for (int64_t t = 0; t < T; ++t) {
@@ -976,7 +1195,7 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
     const int64_t len = static_cast<int64_t>(pos_p[t]) + 1;
     TORCH_CHECK(s >= 0 && s < B, "token_seq out of range");
     TORCH_CHECK(len >= 1 && len <= MB * block_size, "token_pos out of range of the block table");
-    if (!runs.empty() && runs.back().seq == s && runs.back().m < MAX_RUN_TOKENS) {
+    if (!runs.empty() && runs.back().seq == s && runs.back().m < max_run) {
       runs.back().m += 1;
       runs.back().max_len = std::max<int32_t>(runs.back().max_len, static_cast<int32_t>(len));
     } else {
@@ -1044,10 +1263,7 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   p.block_size = block_size;
   p.num_parts = P;
   p.qscale = static_cast<float>(scale * 1.4426950408889634);
-#ifdef SPECSERVE_AMX
-  p.amx = kv_format == 0 && q.scalar_type() == at::kBFloat16 && block_size % 16 == 0 &&
-          attention_amx_enabled();
-#endif
+  p.amx = amx;
   if (P > 1) {
     part_out = at::empty({T, H, P, D}, q.options().dtype(at::kFloat));
     part_ml = at::empty({T, H, P, 2}, q.options().dtype(at::kFloat));
