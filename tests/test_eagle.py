@@ -233,39 +233,55 @@ def test_a_windowed_head_starts_over_on_its_window_and_keeps_only_its_features()
     assert _fake_seq(ids[:4], window=3).catch_up() == 4  # a short prompt: all of it
 
 
-def test_a_windowed_head_guesses_in_the_engine_what_it_guesses_in_training(trained, tmp_path):
-    """A head served a 3-position window (eagle.json's "context") guesses, position by
+@pytest.mark.parametrize("context,draft_every", [(3, 1), (6, 3)])
+def test_a_windowed_head_guesses_in_the_engine_what_it_guesses_in_training(trained, tmp_path,
+                                                                            context, draft_every):
+    """A head served a window of positions (eagle.json's "context") guesses, position by
     position, what the dense head guesses over the same window of the features (featurize's
-    head_context): the window the proposer serves is the one training builds."""
+    head_context): the window the proposer serves is the one training builds. With
+    draft_every > 1 the head sits out two steps of three, as under the adaptive policy, and
+    reads the features of the steps it missed from the proposer's kept steps when it resumes."""
     target, outcome = trained
     path = shutil.copytree(outcome.path, tmp_path / "head")
     meta = json.loads((path / "eagle.json").read_text())
-    meta["specserve_eagle"]["context"] = 3
+    meta["specserve_eagle"]["context"] = context
     (path / "eagle.json").write_text(json.dumps(meta))
     spec = LLM(str(target), dtype="float32", kv_cache_memory=KV, speculation_policy="static",
                speculative_config={"method": "eagle", "model": str(path),
                                    "num_speculative_tokens": 1})
     proposer = spec.engine.proposer
-    assert proposer.model.context == 3
+    assert proposer.model.context == context
     seen = record_first_guesses(proposer)
+    if draft_every > 1:
+        propose, calls = proposer.propose, [0]
+
+        def sometimes(reqs, ks):
+            calls[0] += 1
+            # the first call drafts: the head starts on the window training starts it on
+            return propose(reqs, ks if calls[0] % draft_every == 1 else [0] * len(ks))
+
+        proposer.propose = sometimes
     head = outcome.result.head
     loaded = load_model(str(target))
     teacher = build_model(loaded.config, loaded.state_dict, torch.float32)
     checked = 0
     for it in outcome.result.held_out[:4]:
         sample = Sample(it.kind, it.token_ids, it.start + 1)
-        windowed, = featurize(teacher, [sample], None, head.feature_layers, head_context=3)
+        windowed, = featurize(teacher, [sample], None, head.feature_layers,
+                              head_context=context)
         seen.clear()
         spec.generate([it.token_ids[:it.start + 1]],
                       SamplingParams(temperature=0, max_tokens=it.num_positions))
         with torch.no_grad():
             pred, _ = head_outputs(head, [windowed])
             dense = head.to_full_ids(head.compute_logits(pred).argmax(dim=-1))
-        assert seen and it.start > 3  # the window cut the prompt
+        assert seen and (it.start > context or draft_every > 1)  # the window cut the prompt
         for pos, guess in seen:
             assert guess == int(dense[pos - it.start]), pos
         checked += len(seen)
     assert checked >= 8
+    if draft_every > 1:  # caught up on several kept steps at a time
+        assert proposer.steps is not None and len(proposer.steps) == context + 2
 
 
 def test_a_final_feature_only_head_and_one_saved_before_fused_features(trained, tmp_path):

@@ -357,11 +357,11 @@ class LLMEngine:
                           hidden: torch.Tensor) -> None:
         """Give an EAGLE proposer the target's features of every position that stayed valid
         (rejected draft positions were rolled back already)."""
-        rows = self.proposer.target_features(hidden)
-        for (req, _), before, start in zip(scheduled, computed_before, query_start, strict=True):
-            valid = req.num_computed_tokens - before
-            if not req.is_finished and valid > 0:
-                self.proposer.on_target_hidden(req, before, rows[start:start + valid])
+        self.proposer.on_target_hidden(hidden, [
+            (req, before, start, req.num_computed_tokens - before)
+            for (req, _), before, start in zip(scheduled, computed_before, query_start,
+                                               strict=True)
+            if not req.is_finished and req.num_computed_tokens > before])
 
     def _on_verified(self, req: Request, num_draft: int, num_accepted: int,
                      next_guess_right: bool | None = None) -> None:

@@ -1,9 +1,12 @@
 """EAGLE proposer: an EAGLE head (eagle_head.py) run inside the continuous batch from the
 features the target already computed.
 
-After every target forward the engine hands over, per request, the features of the positions
-that stayed valid (prefill chunks, decodes, and verified tokens up to the last accepted one).
-They wait in a small per-request buffer until the head next runs. Proposing K tokens is K
+After every target forward the engine hands over the step's features and, per request, where
+the rows of its positions that stayed valid are (prefill chunks, decodes, and verified tokens up
+to the last accepted one). A windowed head keeps its last window + 2 small steps whole
+(StepFeatures) and a request copies its rows into its own small buffer only when it next
+drafts, so a step that drafts nothing costs no per-request work; a large step, or any step of a
+windowless head, is handed out at once. Proposing K tokens is K
 batched head forwards: the first catches up on every position since the head last ran with real
 features (the prompt at first, the accepted tokens since, or a long stretch after speculation
 was off) and guesses one token; the next K - 1 feed back the head's own predicted feature and
@@ -14,6 +17,7 @@ head's KV cache only ever keeps positions built from real features.
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import torch
 
@@ -32,9 +36,10 @@ from specserve.spec_decode.proposer import Proposal
 # as zeros. 2048 rows of a 576-wide bf16 model: 2.4 MB per request at most. A head with a context
 # window needs only the last window + 1.
 MAX_PENDING_FEATURES = 2048
-# Steps of at most this many tokens hand their feature rows over as views (target_features): a
-# request's window of 64 then keeps up to 65 such steps alive, ~30 MB at the most for SmolLM2's
-# three 576-wide bf16 features.
+# Steps of at most this many tokens are kept whole, as recent steps (StepFeatures), and a
+# windowed head's requests read their rows from them as views: a window of 64 keeps up to 66
+# such steps alive, ~30 MB at the most for SmolLM2's three 576-wide bf16 features. Larger steps
+# (prefill) hand each request a copy of its rows at once.
 VIEW_ROWS = 128
 
 
@@ -82,6 +87,7 @@ class EagleSeq(ProposerSeq):
         self.chunks: list[tuple[int, torch.Tensor]] = []  # (first position, [n, hidden])
         self.num_pending = 0  # rows in chunks
         self.max_pending = MAX_PENDING_FEATURES if window is None else window + 1
+        self.synced = 0  # the proposer's steps up to this one are in chunks (EagleProposer._sync)
 
     @property
     def all_token_ids(self) -> list[int] | TokenWindow:
@@ -141,6 +147,34 @@ class EagleSeq(ProposerSeq):
         self.num_pending = sum(len(r) for _, r in self.chunks)
 
 
+class StepFeatures:
+    """One target step's features, kept whole until the requests that were in it read their
+    rows: handing each request its rows at every step cost ~6 us per request, ~0.3 ms per step
+    at concurrency 32, also while the policy drafted nothing (docs/performance.md, session 29).
+    The fused layers' streams are RMS-normalised on the first read."""
+
+    __slots__ = ("hidden", "index", "number", "ready", "width")
+
+    def __init__(self, number: int, hidden: torch.Tensor, width: int,
+                 index: dict[str, tuple[int, int, int]]):
+        self.number, self.hidden, self.width, self.index = number, hidden, width, index
+        self.ready = False
+
+    def rows(self) -> torch.Tensor:
+        if not self.ready:
+            normalise_streams(self.hidden, self.width)
+            self.ready = True
+        return self.hidden
+
+
+def normalise_streams(hidden: torch.Tensor, width: int) -> torch.Tensor:
+    """The final hidden states followed by the residual streams after the head's feature
+    layers -> feature rows (eagle_head.aux_feature normalises each stream), in place."""
+    if hidden.shape[-1] > width:
+        hidden[:, width:] = aux_feature(hidden[:, width:].unflatten(-1, (-1, width))).flatten(-2)
+    return hidden
+
+
 class EagleProposer(ModelProposer):
     name = "eagle"
     needs_hidden = True
@@ -170,33 +204,49 @@ class EagleProposer(ModelProposer):
         self.block_size = block_size
         self.kv_bytes_per_token = kv_bytes_per_token(self.model_config, dtype)
         self.kv_cache_memory = kv_cache_memory
-        self._views_ok = False
+        # A windowed head's recent steps (StepFeatures), oldest first: enough for every
+        # request scheduled in each of them to find its last window + 1 positions.
+        window = self.model.context
+        self.steps: deque[StepFeatures] | None = (deque(maxlen=window + 2)
+                                                  if window is not None else None)
+        self.num_steps = 0
 
-    def target_features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The final hidden states followed by the residual streams after the head's feature
-        layers -> feature rows (eagle_head.feature_rows), for the whole step at once: made per
-        request (~15 small ops each), the hand-over took 5.1% of a step at concurrency 32, with
-        speculation off as much as on (1.3% in session 12, on a CPU whose steps took twice as
-        long as they do on the AMX one, where it was 3.6% again before aux_feature became one
-        kernel and small steps' rows were handed over as views)."""
-        h = self.model_config.hidden_size
-        if hidden.shape[-1] > h:  # the runner's concatenation: ours to normalise in place
-            hidden[:, h:] = aux_feature(hidden[:, h:].unflatten(-1, (-1, h))).flatten(-2)
-        # A small step's rows are handed over as views, without a copy per request (9 µs
-        # each); a view keeps its whole step alive, which is cheap while a step is small.
-        self._views_ok = hidden.shape[0] <= VIEW_ROWS
-        return hidden
-
-    def on_target_hidden(self, req: Request, first: int, rows: torch.Tensor) -> None:
-        if not len(rows):
+    def on_target_hidden(self, hidden: torch.Tensor,
+                         rows: list[tuple[Request, int, int, int]]) -> None:
+        """Keep a small step whole for its requests to read when they next draft (sync);
+        hand each request its rows of a large one, or of any step for a windowless head, which
+        may read 2048 positions back."""
+        self.num_steps += 1
+        width = self.model_config.hidden_size
+        if self.steps is not None and hidden.shape[0] <= VIEW_ROWS:
+            index = {}
+            for req, first, start, n in rows:
+                rid = req.request_id
+                seq = self.seqs.get(rid)
+                if seq is None or seq.req is not req:
+                    self.seqs[rid] = self._new_seq(req)
+                index[rid] = (first, start, n)
+            self.steps.append(StepFeatures(self.num_steps, hidden, width, index))
             return
-        seq = self._seq(req)
-        skip = max(len(rows) - seq.max_pending, 0)  # rows add_features would drop at once
-        rows = rows[skip:]
-        # Views only under a context window: a windowless head keeps up to 2048 rows, and so
-        # possibly as many steps.
-        share = self._views_ok and seq.window is not None
-        seq.add_features(first + skip, rows if share else rows.clone())
+        feats = normalise_streams(hidden, width)
+        for req, first, start, n in rows:
+            seq = self._seq(req)
+            self._sync(seq)
+            skip = max(n - seq.max_pending, 0)  # rows add_features would drop at once
+            seq.add_features(first + skip, feats[start + skip:start + n].clone())
+            seq.synced = self.num_steps
+
+    def _sync(self, seq: EagleSeq) -> None:
+        """Give seq its rows of the kept steps it has not read yet."""
+        if seq.synced < self.num_steps and self.steps:
+            rid = seq.req.request_id
+            for step in self.steps:
+                entry = step.index.get(rid) if step.number > seq.synced else None
+                if entry is not None:
+                    first, start, n = entry
+                    skip = max(n - seq.max_pending, 0)
+                    seq.add_features(first + skip, step.rows()[start + skip:start + n])
+        seq.synced = self.num_steps
 
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
         t0 = time.perf_counter()
@@ -209,6 +259,7 @@ class EagleProposer(ModelProposer):
         seqs = {i: self._seq(reqs[i]) for i in alive}
         prev: dict[int, torch.Tensor] = {}  # the head's last predicted feature per request
         for i in alive:
+            self._sync(seqs[i])
             if seqs[i].restart_if_behind():
                 self.block_manager.free(seqs[i])
             seqs[i].spec_token_ids = []
@@ -267,7 +318,11 @@ class EagleProposer(ModelProposer):
         return Proposal(proposals, stack_probs(prob_rows, need_probs))
 
     def _new_seq(self, req: Request) -> EagleSeq:
-        return EagleSeq(req, self.model.context)
+        seq = EagleSeq(req, self.model.context)
+        # Steps before this one are of an earlier life of the request (before a preemption):
+        # its prefill is computed again.
+        seq.synced = self.num_steps - 1
+        return seq
 
     def catch_up_tokens(self, req: Request) -> int:
         seq = self.seqs.get(req.request_id)

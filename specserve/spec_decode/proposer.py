@@ -44,15 +44,11 @@ class Proposer(ABC):
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
         """Guess up to num_tokens[i] tokens that follow reqs[i].all_token_ids."""
 
-    def target_features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """A target forward's hidden states [num_tokens, hidden * (1 + len(aux_layers))]
-        (needs_hidden only) -> the rows on_target_hidden receives, made once per step for the
-        whole batch. May work in place: the tensor is the proposer's."""
-        return hidden
-
-    def on_target_hidden(self, req: Request, first: int,  # noqa: B027 (optional hook)
-                         rows: torch.Tensor) -> None:
-        """target_features' rows of req at positions first.. (needs_hidden only)."""
+    def on_target_hidden(self, hidden: torch.Tensor,  # noqa: B027 (optional hook)
+                         rows: list[tuple[Request, int, int, int]]) -> None:
+        """After a target forward (needs_hidden only): its hidden states [num_tokens, hidden *
+        (1 + len(aux_layers))], and for each request (req, first position, first row, number
+        of rows) of the positions that stayed valid. The tensor is the proposer's to keep."""
 
     def on_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:  # noqa: B027
         """Called after verification (a stateful proposer rolls back its cache)."""
