@@ -235,10 +235,15 @@ def test_ngram_index_matches_the_full_scan_as_tokens_grow():
     from specserve.spec_decode.ngram import NgramIndex
 
     rng = np.random.default_rng(0)
-    for (n_min, n_max), stride in [((1, 4), 1), ((2, 3), 1), ((3, 3), 1), ((1, 4), 7)]:
+    # ids whose int32 bytes also match across token boundaries (0x0101 followed by 0 holds the
+    # bytes of 1 at offset 1): the search must keep only whole-token hits
+    straddling = [0, 1, 256, 257, 65537, 1 << 24]
+    for (n_min, n_max), stride, ids in [((1, 4), 1, range(6)), ((2, 3), 1, range(6)),
+                                        ((3, 3), 1, range(6)), ((1, 4), 7, range(6)),
+                                        ((1, 4), 1, straddling), ((2, 3), 3, straddling)]:
         # few distinct tokens: many repeats and matches at every n; stride 7: looked up only
         # now and then (a request that did not speculate for a while)
-        tokens = rng.integers(0, 6, size=300).tolist()
+        tokens = rng.choice(list(ids), size=300).tolist()
         index = NgramIndex(n_min, n_max)
         for total in range(1, len(tokens) + 1, stride):
             prefix = tokens[:total]
