@@ -127,6 +127,12 @@ class EagleSeq(ProposerSeq):
             self.num_pending -= cut
             excess -= cut
 
+    def add_latest(self, first: int, rows: torch.Tensor, copy: bool = False) -> None:
+        """add_features for the rows it would keep (the last max_pending), copied if asked."""
+        skip = max(len(rows) - self.max_pending, 0)
+        rows = rows[skip:]
+        self.add_features(first + skip, rows.clone() if copy else rows)
+
     def features(self, first: int, n: int, width: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu") -> torch.Tensor:
         """The features head positions first .. first + n - 1 read: the target's at the same
@@ -221,20 +227,15 @@ class EagleProposer(ModelProposer):
         if self.steps is not None and hidden.shape[0] <= VIEW_ROWS:
             index = {}
             for req, first, start, n in rows:
-                rid = req.request_id
-                seq = self.seqs.get(rid)
-                if seq is None or seq.req is not req:
-                    self.seqs[rid] = self._new_seq(req)
-                index[rid] = (first, start, n)
+                self._seq(req)  # a new request's seq starts at this step
+                index[req.request_id] = (first, start, n)
             self.steps.append(StepFeatures(self.num_steps, hidden, width, index))
             return
         feats = normalise_streams(hidden, width)
         for req, first, start, n in rows:
             seq = self._seq(req)
             self._sync(seq)
-            skip = max(n - seq.max_pending, 0)  # rows add_features would drop at once
-            seq.add_features(first + skip, feats[start + skip:start + n].clone())
-            seq.synced = self.num_steps
+            seq.add_latest(first, feats[start:start + n], copy=True)
 
     def _sync(self, seq: EagleSeq) -> None:
         """Give seq its rows of the kept steps it has not read yet."""
@@ -244,8 +245,7 @@ class EagleProposer(ModelProposer):
                 entry = step.index.get(rid) if step.number > seq.synced else None
                 if entry is not None:
                     first, start, n = entry
-                    skip = max(n - seq.max_pending, 0)
-                    seq.add_features(first + skip, step.rows()[start + skip:start + n])
+                    seq.add_latest(first, step.rows()[start:start + n])
         seq.synced = self.num_steps
 
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:

@@ -668,6 +668,15 @@ inline void amx_rows_head(Scratch& sc, const uint16_t* kc, const uint16_t* vc, i
 }
 #endif
 
+// Whether a tile's scores come from the bf16 query rows as given (qb: vdpbf16ps, or AMX tiles
+// on top of it) rather than from the scaled fp32 copy (q): bf16 pools and queries, head_dim a
+// multiple of 32, a CPU with AVX512_BF16.
+template <typename T, int NC, typename C>
+constexpr bool bf16_scores() {
+  return sizeof(C) == 2 && !std::is_same<T, float>::value && kHaveDpBf16 && NC > 0 &&
+         NC % 2 == 0;
+}
+
 // One KV head of one tile: scores, online softmax, P V for that head's R rows.
 // NC > 0: head_dim = 16 * NC with explicit 16-lane vectors; NC == 0: any head_dim, plain loops.
 // C: the pool's element type (T's storage, or int8_t / uint8_t (fp8) for 8-bit pools, whose
@@ -684,7 +693,7 @@ inline void tile_head(Scratch& sc, const C* __restrict kc, const C* __restrict v
   using S = typename Elem<T>::storage;
   constexpr bool kQuant = sizeof(C) == 1;
   constexpr bool kWiden = !std::is_same<T, float>::value;
-  constexpr bool kDp = !kQuant && kWiden && kHaveDpBf16 && NC > 0 && NC % 2 == 0;
+  constexpr bool kDp = bf16_scores<T, NC, C>();
   // qt (AMX, bf16 pools, see amx_scores): the scores come from tiles.
   bool scored = false;
 #ifdef SPECSERVE_AMX
@@ -880,8 +889,10 @@ void run_item(const Params& p, const Run& run, const Item& it, Scratch& sc) {
       for (int64_t g = 0; g < G; ++g) {
         const int64_t r = kvh * RG + i * G + g;
         const S* src = qsrc + (t * H + kvh * G + g) * D;
-        float* dst = qf + r * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = Elem<T>::load(src[d]) * p.qscale;
+        if constexpr (!bf16_scores<T, NC, C>()) {  // only the fp32 score paths read it
+          float* dst = qf + r * D;
+          for (int64_t d = 0; d < D; ++d) dst[d] = Elem<T>::load(src[d]) * p.qscale;
+        }
         if constexpr (!std::is_same<T, float>::value) std::memcpy(qb + r * D, src, D * sizeof(S));
         lim[r] = p.token_pos[t] + 1;
         mrow[r] = -std::numeric_limits<float>::infinity();
