@@ -87,20 +87,20 @@ def _amx_or_skip() -> int:
     return rows
 
 
-# Output blocks of 16: 3 and 17 run one at a time, 4 and 32 in pairs; 17 and 32 split across
-# threads.
+# Output blocks of 16: 3 and 17 run one at a time (64 rows a pass), 4 and 32 in pairs (32 rows a
+# pass); 17 and 32 split across threads.
 @pytest.mark.parametrize("n", [48, 64, 272, 512])
 def test_amx_kernel_matches_float64_at_every_row_count(n):
     """bf16 products summed in fp32 and rounded once: equal to the float64 result to bf16
     rounding, with and without a bias, for the row counts of each tile path (one 16-row block;
-    32-row pairs with padding) and none."""
+    32-row pairs with padding; several passes) and none."""
     max_rows = _amx_or_skip()
     m = linear.paged_attention_ext.module()
     torch.manual_seed(2)
     w = torch.randn(n, 96).bfloat16()  # K = 3 tiles of 32: an odd count for the 16-row path
     packed = linear.amx_pack_weight(w)
     for bias in (torch.empty(0), torch.randn(n).bfloat16(), torch.randn(n)):
-        for rows in (0, 1, 5, 16, 17, 31, 32, 33, 48, max_rows):
+        for rows in (0, 1, 5, 16, 17, 31, 32, 33, 48, 64, 65, 80, 97, 129, max_rows):
             x = torch.randn(rows, 96).bfloat16()
             got = m.amx_linear(x, packed, bias)
             ref = x.double() @ w.double().T + (bias.double() if bias.numel() else 0)

@@ -1,11 +1,16 @@
-// A linear layer with bf16 weights for up to 64 rows of bf16 activations, on AMX tiles.
+// A linear layer with bf16 weights for up to 256 rows of bf16 activations, on AMX tiles.
 //
 // Why: decoding is bound by reading the weights. On an Intel Xeon with AMX (and ~23 GB/s of
 // memory bandwidth over two cores), oneDNN's packed bf16 GEMM read SmolLM2-135M's 269 MB of
 // weights at ~16 GB/s for one row and ~13 GB/s for 32 (docs/performance.md, session 25), while
 // the arithmetic of 64 rows takes AMX a fraction of that time. This kernel streams each weight
-// once, in the order it lies in memory, for up to 32 rows at once (33-64 rows read each block's
-// tiles a second time, from the cache).
+// once, in the order it lies in memory, for up to 32 rows at once (more rows read each block's
+// tiles again, from the cache, 32 rows a pass).
+// Up to 256 rows (speculative verification at 32-64 requests, short prefills, draft heads): over
+// every linear of SmolLM2-135M it took 0.8-1.05x oneDNN's time at 48-256 rows (faster at 64 and
+// 96, even at 65 and 192-256) and ~1.03x at 384-512 (session 30). It also needs no oneDNN
+// primitive per new row count (1.7-2.7 ms at each one's first call, session 29), and a row's
+// result never depends on the other rows of the call.
 //
 // Layout (amx_pack_weight in layers/linear.py): the [N, K] weight as tiles of 16 output columns
 // x 32 inputs, in AMX's pair-interleaved ("VNNI") order; an output block's tiles lie one after
@@ -33,7 +38,7 @@
 
 namespace {
 
-constexpr int64_t kAmxMaxRows = 64;  // four 16-row accumulator tiles
+constexpr int64_t kAmxMaxRows = 256;  // why 256: the top of the file
 constexpr int64_t kTileElems = 16 * 32;  // bf16 elements of one weight tile (1 KB)
 
 #ifdef SPECSERVE_AMX
@@ -139,9 +144,9 @@ void amx_blocks(const c10::BFloat16* xp, int64_t K, const c10::BFloat16* wp, int
   _tile_release();
 }
 
-// 17 to 64 rows: 2 output blocks x 2 row blocks per pass over K, 32 rows at a time. Each loaded
-// tile feeds two products and consecutive products go to different accumulators: with one
-// output block at a time, a product waited for the previous one on the same accumulator and
+// More than 16 rows: 2 output blocks x 2 row blocks per pass over K, 32 rows at a time. Each
+// loaded tile feeds two products and consecutive products go to different accumulators: with
+// one output block at a time, a product waited for the previous one on the same accumulator and
 // 32 / 64 rows took 1.35x / 2x as long as 16 (docs/performance.md, session 25).
 // Output block pairs [p0, p1); xp is [32 MP, K] bf16, zero-padded.
 void amx_pairs(const c10::BFloat16* xp, int64_t K, const c10::BFloat16* wp, int64_t p0,
@@ -190,9 +195,9 @@ void amx_pairs(const c10::BFloat16* xp, int64_t K, const c10::BFloat16* wp, int6
 bool amx_linear_available() { return amx_permitted(); }
 int64_t amx_linear_max_rows() { return kAmxMaxRows; }
 
-// x [M, K] bf16 (M <= 64); wp the packed weight ([N / 16, K / 32, 16, 16, 2] bf16); bias [N]
-// (any float dtype) or empty / undefined. Returns [M, N] bf16. Called with the GIL released
-// (layer loop).
+// x [M, K] bf16 (M <= kAmxMaxRows); wp the packed weight ([N / 16, K / 32, 16, 16, 2] bf16);
+// bias [N] (any float dtype) or empty / undefined. Returns [M, N] bf16. Called with the GIL
+// released (layer loop).
 at::Tensor amx_linear_impl(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& bias) {
   TORCH_CHECK(amx_permitted(), "amx_linear: AMX is not available in this build or process");
   TORCH_CHECK(x.device().is_cpu() && x.dim() == 2 && x.scalar_type() == at::kBFloat16,
@@ -232,12 +237,19 @@ at::Tensor amx_linear_impl(const at::Tensor& x, const at::Tensor& wp, const at::
     });
     return y;
   }
+  // An odd number of output blocks (every SmolLM2 linear pairs up): four 16-row accumulators
+  // at a time, so more than 64 rows take a pass over the weights per 64.
   at::parallel_for(0, NB, 4, [&](int64_t b, int64_t e) {
-    switch (MB) {
-      case 1: amx_blocks<1>(xd, K, wd, b, e, M, N, bd, yd); break;
-      case 2: amx_blocks<2>(xd, K, wd, b, e, M, N, bd, yd); break;
-      case 3: amx_blocks<3>(xd, K, wd, b, e, M, N, bd, yd); break;
-      default: amx_blocks<4>(xd, K, wd, b, e, M, N, bd, yd); break;
+    for (int64_t m0 = 0; m0 < M; m0 += 64) {
+      const int64_t rows = std::min<int64_t>(64, M - m0);
+      const c10::BFloat16* xm = xd + m0 * K;
+      c10::BFloat16* ym = yd + m0 * N;
+      switch ((rows + 15) / 16) {
+        case 1: amx_blocks<1>(xm, K, wd, b, e, rows, N, bd, ym); break;
+        case 2: amx_blocks<2>(xm, K, wd, b, e, rows, N, bd, ym); break;
+        case 3: amx_blocks<3>(xm, K, wd, b, e, rows, N, bd, ym); break;
+        default: amx_blocks<4>(xm, K, wd, b, e, rows, N, bd, ym); break;
+      }
     }
   });
 #endif
