@@ -3,6 +3,7 @@ output can be compared token for token with Hugging Face transformers)."""
 
 from __future__ import annotations
 
+import copy
 import os
 
 import pytest
@@ -24,6 +25,41 @@ PROMPTS = [
     '{"name": "Alice", "age": 30, "city":',
     "SELECT name FROM users WHERE",
 ]
+
+
+def _runner_shape(runner) -> tuple:
+    """What a forward profile depends on: the model's layers and weight formats, the dtype and
+    device, the KV pool's size, block size and format, the kernel paths and the threads."""
+    modules = tuple((type(m).__name__, str(getattr(getattr(m, "weight", None), "dtype", None)))
+                    for m in runner.model.modules())
+    cache = runner.kv_caches[0]
+    return (type(runner.model).__name__, repr(runner.cfg), modules, runner.dtype,
+            str(runner.device), runner.num_blocks, runner.block_size, cache.k.dtype,
+            cache.kernel_format, runner.use_kernel, runner.layer_loop is not None,
+            torch.get_num_threads())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_profile_per_engine_shape():
+    """An engine that may speculate profiles its forwards at start-up (profiler.profile_forward:
+    4-7 s here), and the suite builds many engines of the same shape: 17 profiles, 114 s, in the
+    speculation tests alone. Each shape is profiled once per run; later engines get a copy (the
+    online scale is per engine). Tests of the profiler itself call it directly and still run it."""
+    from specserve.engine import llm_engine
+
+    measured: dict = {}
+    profile = llm_engine.profile_forward
+
+    def shared(runner, *args, **kwargs):
+        key = (_runner_shape(runner), args, tuple(sorted(kwargs.items())))
+        if key not in measured:
+            measured[key] = profile(runner, *args, **kwargs)
+        return copy.deepcopy(measured[key])
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(llm_engine, "profile_forward", shared)
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="session")
