@@ -29,14 +29,15 @@ PROMPTS = [
 
 def _runner_shape(runner) -> tuple:
     """What a forward profile depends on: the model's layers and weight formats, the dtype and
-    device, the KV pool's size, block size and format, the kernel paths and the threads."""
+    device, the KV pool's size, block size and format, the kernel paths, the residual streams
+    the forward also returns (an EAGLE head's features) and the threads."""
     modules = tuple((type(m).__name__, str(getattr(getattr(m, "weight", None), "dtype", None)))
                     for m in runner.model.modules())
     cache = runner.kv_caches[0]
     return (type(runner.model).__name__, repr(runner.cfg), modules, runner.dtype,
             str(runner.device), runner.num_blocks, runner.block_size, cache.k.dtype,
             cache.kernel_format, runner.use_kernel, runner.layer_loop is not None,
-            torch.get_num_threads())
+            tuple(runner.aux_layers or ()), torch.get_num_threads())
 
 
 @pytest.fixture(scope="session", autouse=True)
