@@ -37,7 +37,7 @@ def _runner_shape(runner) -> tuple:
     return (type(runner.model).__name__, repr(runner.cfg), modules, runner.dtype,
             str(runner.device), runner.num_blocks, runner.block_size, cache.k.dtype,
             cache.kernel_format, runner.use_kernel, runner.layer_loop is not None,
-            tuple(runner.aux_layers or ()), torch.get_num_threads())
+            runner.aux_layers, torch.get_num_threads())
 
 
 @pytest.fixture(scope="session", autouse=True)

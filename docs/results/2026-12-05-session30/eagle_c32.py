@@ -13,7 +13,8 @@ keys = ("num_steps", "draft_time_s", "spec_time_s", "forward_time_s", "step_time
 for rnd in range(3):
     for name, llm, w, pol in (("vanilla", van, wv, None), ("eagle-off", eag, we, "off"), ("eagle-adaptive", eag, we, "adaptive")):
         e = llm.engine
-        if pol: e.set_speculation_policy(pol) if hasattr(e, "set_speculation_policy") else None
+        if pol:
+            e.set_speculation_policy(pol)
         f0 = resource.getrusage(resource.RUSAGE_SELF); s0 = e.get_stats(); run = run_workload(e, w, 32, 64); s1 = e.get_stats(); f1 = resource.getrusage(resource.RUSAGE_SELF)
         dd = {k: s1[k] - s0[k] for k in keys}; n = dd["num_steps"]
         print(f"r{rnd} {name:15s} tok/s {run['output_tok_s']:7.1f} steps {n} | ms/step: step {dd['step_time_s']/n*1e3:.2f} fwd {dd['forward_time_s']/n*1e3:.2f} draft {dd['draft_time_s']/n*1e3:.2f} spec {dd['spec_time_s']/n*1e3:.2f} | drafts {dd['num_draft_tokens']} minflt/step {(f1.ru_minflt-f0.ru_minflt)/n:.0f} sys {(f1.ru_stime-f0.ru_stime)/n*1e3:.2f} ms/step", flush=True)
