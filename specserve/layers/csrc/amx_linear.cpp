@@ -31,7 +31,6 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -233,16 +232,8 @@ at::Tensor amx_linear_impl(const at::Tensor& x, const at::Tensor& wp, const at::
   const float* bd = has_bias ? bias_f.data_ptr<float>() : nullptr;
   auto* yd = y.data_ptr<c10::BFloat16>();
   if (pairs) {
-    // Threads claim chunks of ~1/8 of their share from a counter rather than a fixed half each:
-    // on a VM one core is often slower for a while, and with fixed halves the other then waited
-    // at the region's end (perf: 5-11% of the main thread's time in libgomp at 64 rows).
-    const int64_t NP = NB / 2;
-    const int64_t threads = std::min<int64_t>(at::get_num_threads(), NP);
-    const int64_t chunk = std::max<int64_t>(1, NP / (8 * threads));
-    std::atomic<int64_t> next{0};
-    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
-      for (int64_t b = next.fetch_add(chunk); b < NP; b = next.fetch_add(chunk))
-        amx_pairs(xd, K, wd, b, std::min(b + chunk, NP), M, N, bd, yd);
+    at::parallel_for(0, NB / 2, 2, [&](int64_t b, int64_t e) {
+      amx_pairs(xd, K, wd, b, e, M, N, bd, yd);
     });
     return y;
   }
