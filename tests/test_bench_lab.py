@@ -108,9 +108,30 @@ def test_lab_end_to_end(tmp_path, capsys):
         assert p["summary"]["output_tok_s"]["median"] == run["output_tok_s"]
         if p["strategy"] == "vanilla":
             assert run["num_draft_tokens"] == 0 and run["acceptance_rate"] is None
+        assert run["cost_model_ms"] is None  # neither policy prices anything
     for name in ("throughput_vs_concurrency", "tpot_vs_concurrency", "acceptance_by_workload",
                  "memory_breakdown"):
         assert_png(tmp_path / f"{name}.png")
+
+
+def test_runs_record_the_adaptive_policys_prices():
+    """What the controller believed a forward costs, per run: a start-up profile taken in a
+    slow spell shows there."""
+    from specserve.bench.lab import _prices
+    from specserve.spec_decode.cost_model import StepCostModel
+    from specserve.spec_decode.policy import AdaptivePolicy
+
+    target = StepCostModel([1, 16, 64], [0.010, 0.012, 0.030])
+    draft = StepCostModel([1, 64], [0.001, 0.002])
+    prices = _prices(AdaptivePolicy(4, target, draft))
+    assert prices["target"][1] == 10.0 and prices["target"][16] == 12.0
+    assert prices["target"][64] == 30.0 and prices["draft"][1] == 1.0
+    target.scale = 1.5  # the online correction is part of the price
+    scaled = _prices(AdaptivePolicy(4, target, None))
+    assert scaled["draft"] is None
+    assert scaled["target"] == pytest.approx({n: v * 1.5 for n, v in prices["target"].items()},
+                                             abs=2e-3)
+    assert _prices(None) is None
 
 
 def test_repeats_report_median_and_spread():

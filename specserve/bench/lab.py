@@ -139,11 +139,31 @@ def prepare_workload(engine: LLMEngine, name: str, items: Sequence[WorkloadItem]
 
 
 # ---- the closed loop ----------------------------------------------------------------------------
+# Token counts at which each run records the adaptive policy's prices (cost_model_ms).
+_PRICE_POINTS = (1, 2, 4, 8, 16, 17, 32, 33, 64)
+
+
+def _prices(policy) -> dict | None:
+    """The adaptive policy's predicted forward times (ms, online scale included) at a few token
+    counts, for the target and the draft network. In session 31's lab one of four fresh EAGLE
+    engines never drafted at concurrency 1 and drafted more than any other at 32: a start-up
+    profile read during one of the VM's slow spells is the suspect, and these make the next one
+    visible."""
+    target = getattr(policy, "target_cost", None)
+    if target is None:
+        return None
+    draft = getattr(policy, "draft_cost", None)
+    return {"target": {n: round(target(n) * 1e3, 3) for n in _PRICE_POINTS},
+            "draft": None if draft is None else
+            {n: round(draft(n) * 1e3, 3) for n in _PRICE_POINTS}}
+
+
 def _snapshot(engine: LLMEngine) -> dict:
     stats = engine.get_stats()
     policy = engine.spec_policy
     stats["_abs_error_s"] = policy.abs_error_s if policy else 0.0
     stats["_sum_actual_s"] = policy.sum_actual_s if policy else 0.0
+    stats["_prices"] = _prices(policy)
     return stats
 
 
@@ -166,6 +186,7 @@ def engine_figures(before: dict, after: dict) -> dict:
         if actual else None,
         "prefix_cache_hit_rate": d["prefix_cache_hits"] / d["prefix_cache_queries"]
         if d.get("prefix_cache_queries") else None,
+        "cost_model_ms": after.get("_prices"),  # at the run's end
         **{ours: after.get(theirs, 0) for ours, theirs in _MEMORY.items()},
     }
 
