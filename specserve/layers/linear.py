@@ -68,7 +68,7 @@ def amx_pack_weight(weight: torch.Tensor) -> torch.Tensor:
 
 class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, batch_hint: int = 32,
-                 amx: bool = False):
+                 amx: bool = False, few_rows_copy: bool = True):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self.dtype = weight.dtype  # of the activations in and out
@@ -80,7 +80,9 @@ class PackedLinear(nn.Module):
         # An opaque oneDNN tensor; it serves any number of rows (batch_hint only tunes it).
         self.packed = torch.ops.mkldnn._reorder_linear_weight(w, batch_hint)
         self.bias = None if bias is None else bias.detach().to(packed_dtype)
-        self.small_rows = small_rows() if self.upcast else 0
+        # few_rows_copy=False: the caller runs few rows elsewhere (the int8 LM head's kernel), so
+        # the bf16 copy would be 2 bytes per weight held for nothing.
+        self.small_rows = small_rows() if self.upcast and few_rows_copy else 0
         self.weight_bf16 = weight.detach().contiguous() if self.small_rows else _EMPTY
         self._bias_or_empty = _EMPTY if self.bias is None else self.bias
         # amx: this layer may hold the AMX kernel's copy (pack_linears asks for it; an int4

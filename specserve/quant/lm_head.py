@@ -33,14 +33,17 @@ class Int8LMHead(nn.Module):
         self.register_buffer("weight", q.contiguous())  # [vocab, hidden] int8
         self.register_buffer("scales", scales.to(SCALE_DTYPE))  # [vocab]
         on_cpu = q.device.type == "cpu"
-        self._packed = (PackedLinear(q.to(torch.bfloat16), None)
+        # Few rows never reach it (the int8 kernel takes them): no few-rows bf16 copy.
+        self._packed = (PackedLinear(q.to(torch.bfloat16), None, few_rows_copy=False)
                         if on_cpu and can_pack(torch.bfloat16) else None)
         self._kernel = on_cpu and hasattr(torch, "_weight_int8pack_mm")
 
     @property
     def weight_nbytes(self) -> int:
+        # The packed copy's own count: bf16 where bf16 GEMMs are native, an fp32 image (4 bytes
+        # per weight) elsewhere (layers/linear.py).
         return self.weight.nbytes + self.scales.nbytes + (
-            self.weight.numel() * 2 if self._packed is not None else 0)
+            self._packed.weight_nbytes if self._packed is not None else 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [n, hidden] -> [n, vocab] bf16
         x = x.to(SCALE_DTYPE).contiguous()
