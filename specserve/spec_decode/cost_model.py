@@ -43,6 +43,7 @@ docs/results/2026-12-02-session11/catch_up_trap.txt).
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -181,15 +182,25 @@ def fit_knee_curve(num_tokens: list[int], seconds: list[float],
     step is fitted only where points lie on both sides of it; one the data does not show comes
     out 0."""
     x = np.asarray(num_tokens, dtype=np.float64)
+    steps = step_columns(x, jumps)
+    return best_relative_fit(seconds, (
+        np.stack([np.ones_like(x), np.minimum(x, k), np.maximum(x - k, 0.0), *steps], axis=1)
+        for k in x))
+
+
+def step_columns(x: np.ndarray, jumps: tuple[int, ...]) -> list[np.ndarray]:
+    """A [n > b] column for each row count b in jumps with points on both sides of it."""
+    return [np.where(x > b, 1.0, 0.0) for b in jumps if (x <= b).any() and (x > b).any()]
+
+
+def best_relative_fit(seconds, bases: Iterable[np.ndarray]) -> list[float]:
+    """The points' best least-squares fit in relative error over candidate bases ([n, cols]:
+    the intercept first, free; the other coefficients >= 0): the fitted values."""
     y = np.asarray(seconds, dtype=np.float64)
     w = 1.0 / np.maximum(y, 1e-12)
-    steps = [np.where(x > b, 1.0, 0.0) for b in jumps if (x <= b).any() and (x > b).any()]
     best, best_err = y, np.inf
-    for k in x:
-        basis = np.stack([np.ones_like(x), np.minimum(x, k), np.maximum(x - k, 0.0), *steps],
-                         axis=1)
-        coef = _nonnegative_lstsq(basis * w[:, None], y * w)
-        fit = basis @ coef
+    for basis in bases:
+        fit = basis @ _nonnegative_lstsq(basis * w[:, None], y * w)
         err = float(np.sum(((fit - y) * w) ** 2))
         if err < best_err:
             best, best_err = fit, err

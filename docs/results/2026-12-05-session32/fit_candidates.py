@@ -9,27 +9,16 @@ import os
 import numpy as np
 
 from specserve.spec_decode import profiler
-from specserve.spec_decode.cost_model import _nonnegative_lstsq, fit_knee_curve
+from specserve.spec_decode.cost_model import best_relative_fit, fit_knee_curve, step_columns
 
 
 def fit_convex_hinges(x, y, jumps=()):
     x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    w = 1.0 / np.maximum(y, 1e-12)
-    steps = [np.where(x > b, 1.0, 0.0) for b in jumps if (x <= b).any() and (x > b).any()]
-    best, best_err = y, np.inf
-    for i, k1 in enumerate(x):
-        for k2 in x[i:]:
-            cols = [np.ones_like(x), x, np.maximum(x - k1, 0.0)]
-            if k2 > k1:
-                cols.append(np.maximum(x - k2, 0.0))
-            basis = np.stack([*cols, *steps], axis=1)
-            coef = _nonnegative_lstsq(basis * w[:, None], y * w)
-            fit = basis @ coef
-            err = float(np.sum(((fit - y) * w) ** 2))
-            if err < best_err:
-                best, best_err = fit, err
-    return best.tolist()
+    steps = step_columns(x, jumps)
+    return best_relative_fit(y, (
+        np.stack([np.ones_like(x), x, *(np.maximum(x - k, 0.0) for k in {k1, k2}), *steps],
+                 axis=1)
+        for i, k1 in enumerate(x) for k2 in x[i:]))
 
 
 raw = []
@@ -55,5 +44,5 @@ for _ in range(int(os.environ.get("N", "4"))):
     for name, c in (("raw", y), ("one knee", shipped), ("hinges", cand)):
         print(f"{name:9s}", " ".join(f"{c[i] * 1e3:6.2f}" for i in small),
               f"| T(2)-T(1) {(c[1] - c[0]) * 1e3:5.2f} ms | max rel err "
-              f"{max(abs(a / b - 1) for a, b in zip(c, y)):.3f}")
+              f"{max(abs(a / b - 1) for a, b in zip(c, y, strict=True)):.3f}")
     del llm
