@@ -33,10 +33,11 @@ class Int8LMHead(nn.Module):
         self.register_buffer("weight", q.contiguous())  # [vocab, hidden] int8
         self.register_buffer("scales", scales.to(SCALE_DTYPE))  # [vocab]
         on_cpu = q.device.type == "cpu"
-        # Few rows never reach it (the int8 kernel takes them): no few-rows bf16 copy.
-        self._packed = (PackedLinear(q.to(torch.bfloat16), None, few_rows_copy=False)
-                        if on_cpu and can_pack(torch.bfloat16) else None)
         self._kernel = on_cpu and hasattr(torch, "_weight_int8pack_mm")
+        # Where the int8 kernel takes few rows they never reach the packed copy: no few-rows
+        # bf16 copy beside it then.
+        self._packed = (PackedLinear(q.to(torch.bfloat16), None, few_rows_copy=not self._kernel)
+                        if on_cpu and can_pack(torch.bfloat16) else None)
 
     @property
     def weight_nbytes(self) -> int:
