@@ -147,6 +147,25 @@ def test_profile_fit_finds_the_steps_where_kernels_tile_rows():
     assert smooth[at[33]] - smooth[at[32]] < 1.5e-3
 
 
+def test_profile_fit_follows_a_curve_that_steepens_twice():
+    """A 2-core Zen 3's raw start-up profile (docs/results/2026-12-05-session33/profiles-zen3.json,
+    the third engine): ~+1 ms per token up to 2-3 tokens, ~3 ms per token to 12, steeper to 16.
+    The fit stays within 8% of every point and prices the first three extra tokens, T(4) - T(1),
+    within 25% of what was measured. With one knee it put the knee at 1: 12% off at 1 token and
+    T(4) - T(1) 53% too dear, the price of the drafts the controller weighs at concurrency 1."""
+    from specserve.spec_decode.cost_model import fit_knee_curve
+    from specserve.spec_decode.profiler import ROW_STEPS
+
+    points = [1, 2, 3, 4, 6, 8, 12, 16, 17, 24, 32, 33, 48, 64, 65, 96, 128, 129, 192, 256]
+    ms = [12.28, 13.13, 15.75, 17.88, 25.32, 30.36, 43.04, 59.19, 61.95, 79.46, 99.47, 103.84,
+          144.71, 169.09, 176.7, 242.5, 326.36, 359.94, 493.76, 640.6]
+    raw = np.array(ms) * 1e-3
+    fit = np.array(fit_knee_curve(points, raw.tolist(), ROW_STEPS))
+    assert np.all(np.diff(fit) >= 0)
+    assert np.all(np.abs(fit / raw - 1) < 0.08), fit / raw
+    assert abs((fit[3] - fit[0]) / (raw[3] - raw[0]) - 1) < 0.25, (fit[:4], raw[:4])
+
+
 def test_a_step_in_the_cost_keeps_drafts_from_crossing_it():
     """Just under a step, drafts that would cross it cost the whole step: a batch of 32 buys
     none, a batch of 24 at most the 8 that fit below it. The same profile without the step

@@ -173,7 +173,8 @@ def fit_knee_curve(num_tokens: list[int], seconds: list[float],
 
     with the knee k one of the profiled points and a step J_b allowed after each row count b in
     `jumps` (where kernels tile rows), least squares in relative error (the decisions live at
-    small n, where the times are smallest). Fitted at each point separately, one forward's noise
+    small n, where the times are smallest), or of the same with a second knee (two_knee_bases)
+    where that halves the error. Fitted at each point separately, one forward's noise
     left flat stretches: on this CPU one profile read T(3) = T(4) = T(6) where the slope is ~0.4
     ms per token, and the controller bought drafts there as if they were free (prose at
     concurrency 4: 0.93x off). Without the steps, the AMX linear's second pass over the weights
@@ -183,9 +184,40 @@ def fit_knee_curve(num_tokens: list[int], seconds: list[float],
     out 0."""
     x = np.asarray(num_tokens, dtype=np.float64)
     steps = step_columns(x, jumps)
-    return best_relative_fit(seconds, (
+    one = best_relative_fit(seconds, (
         np.stack([np.ones_like(x), np.minimum(x, k), np.maximum(x - k, 0.0), *steps], axis=1)
         for k in x))
+    two = best_relative_fit(seconds, two_knee_bases(x, steps))
+    return two if relative_sse(two, seconds) < TWO_KNEE_GAIN * relative_sse(one, seconds) else one
+
+
+# A second knee is kept only where it cuts the relative squared error at least this much: it
+# can also bend around one slow or lucky point, and on the AMX Xeon's profiles (one knee, then
+# a slope that falls after 16 rows) it cut the error by only ~20%.
+TWO_KNEE_GAIN = 0.5
+
+
+def two_knee_bases(x: np.ndarray, steps: list[np.ndarray]) -> Iterable[np.ndarray]:
+    """Bases of T(n) = a + s1 * min(n, k1) + s2 * clip(n - k1, 0, k2 - k1) + s3 * max(n - k2, 0)
+    + steps, with s1 <= s2 (the curve steepens at the first knee, where the forward turns
+    compute-bound) and s3 >= 0 free (kernels change regime later: the slope fell after 16 rows on
+    the AMX Xeon and rose after 12 on a Zen 3). On a 2-core Zen 3 the forward costs ~+1 ms per
+    token up to 2-4 tokens and ~3 from there to 12; one knee put the knee at 1 in 5 of 6 engines
+    and priced the second token at +2.8 ms where it took +0.9-1.5 (docs/performance.md, session
+    33). At least one profiled point lies strictly between the knees, so that the middle
+    segment is a slope the data shows, not one point."""
+    for i, k1 in enumerate(x):
+        for k2 in x[i + 2:]:
+            # s1 on every token up to k2, plus (s2 - s1) between the knees: every coefficient
+            # past the intercept is >= 0, as best_relative_fit fits them.
+            yield np.stack([np.ones_like(x), np.minimum(x, k2), np.clip(x - k1, 0.0, k2 - k1),
+                            np.maximum(x - k2, 0.0), *steps], axis=1)
+
+
+def relative_sse(fit, seconds) -> float:
+    """Sum of squared relative errors of fitted values against the measured ones."""
+    y = np.asarray(seconds, dtype=np.float64)
+    return float(np.sum(((np.asarray(fit) - y) / np.maximum(y, 1e-12)) ** 2))
 
 
 def step_columns(x: np.ndarray, jumps: tuple[int, ...]) -> list[np.ndarray]:
@@ -201,7 +233,7 @@ def best_relative_fit(seconds, bases: Iterable[np.ndarray]) -> list[float]:
     best, best_err = y, np.inf
     for basis in bases:
         fit = basis @ _nonnegative_lstsq(basis * w[:, None], y * w)
-        err = float(np.sum(((fit - y) * w) ** 2))
+        err = relative_sse(fit, y)
         if err < best_err:
             best, best_err = fit, err
     return best.tolist()
