@@ -206,8 +206,9 @@ def two_knee_bases(x: np.ndarray, steps: list[np.ndarray]) -> Iterable[np.ndarra
     and priced the second token at +2.8 ms where it took +0.9-1.5 (docs/performance.md, session
     33). At least one profiled point lies strictly between the knees, so that the middle
     segment is a slope the data shows, not one point."""
-    for i, k1 in enumerate(x):
-        for k2 in x[i + 2:]:
+    knees = np.unique(x)  # sorted: knees[i + 2:] leaves a profiled point between k1 and k2
+    for i, k1 in enumerate(knees):
+        for k2 in knees[i + 2:]:
             # s1 on every token up to k2, plus (s2 - s1) between the knees: every coefficient
             # past the intercept is >= 0, as best_relative_fit fits them.
             yield np.stack([np.ones_like(x), np.minimum(x, k2), np.clip(x - k1, 0.0, k2 - k1),
