@@ -184,9 +184,7 @@ def fit_knee_curve(num_tokens: list[int], seconds: list[float],
     out 0."""
     x = np.asarray(num_tokens, dtype=np.float64)
     steps = step_columns(x, jumps)
-    one = best_relative_fit(seconds, (
-        np.stack([np.ones_like(x), np.minimum(x, k), np.maximum(x - k, 0.0), *steps], axis=1)
-        for k in x))
+    one = best_relative_fit(seconds, one_knee_bases(x, steps))
     two = best_relative_fit(seconds, two_knee_bases(x, steps))
     return two if relative_sse(two, seconds) < TWO_KNEE_GAIN * relative_sse(one, seconds) else one
 
@@ -195,6 +193,12 @@ def fit_knee_curve(num_tokens: list[int], seconds: list[float],
 # can also bend around one slow or lucky point, and on the AMX Xeon's profiles (one knee, then
 # a slope that falls after 16 rows) it cut the error by only ~20%.
 TWO_KNEE_GAIN = 0.5
+
+
+def one_knee_bases(x: np.ndarray, steps: list[np.ndarray]) -> Iterable[np.ndarray]:
+    """Bases of T(n) = a + s1 * min(n, k) + s2 * max(n - k, 0) + steps, a knee k at each point."""
+    for k in x:
+        yield np.stack([np.ones_like(x), np.minimum(x, k), np.maximum(x - k, 0.0), *steps], axis=1)
 
 
 def two_knee_bases(x: np.ndarray, steps: list[np.ndarray]) -> Iterable[np.ndarray]:

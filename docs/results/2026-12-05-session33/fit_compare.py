@@ -13,6 +13,7 @@ import numpy as np
 from specserve.spec_decode.cost_model import (
     best_relative_fit,
     fit_knee_curve,
+    one_knee_bases,
     relative_sse,
     step_columns,
 )
@@ -22,19 +23,18 @@ here = Path(__file__).parent
 
 def one_knee(x, y, jumps):
     x = np.asarray(x, dtype=np.float64)
-    steps = step_columns(x, jumps)
-    return best_relative_fit(y, (np.stack([np.ones_like(x), np.minimum(x, k),
-                                           np.maximum(x - k, 0.0), *steps], axis=1) for k in x))
+    return best_relative_fit(y, one_knee_bases(x, step_columns(x, jumps)))
 
 
 def main():
     zen3 = json.load(open(sys.argv[1] if len(sys.argv) > 1 else here / "profiles-zen3.json"))
-    profiles = [("zen3 #%d" % i, p["n"], p["seconds"], tuple(p["jumps"]))
+    profiles = [(f"zen3 #{i}", p["n"], p["seconds"], tuple(p["jumps"]))
                 for i, p in enumerate(zen3["profiles"])]
     line = next(s for s in open(here.parent / "2026-12-05-session28/dense_curve.txt")
                 if s.startswith("profile points:"))
     pts = [tuple(map(float, p.split(":"))) for p in line.split(":", 1)[1].split()]
-    profiles.append(("xeon s28", [int(n) for n, _ in pts], [t / 1e3 for _, t in pts], (16, 32, 64, 128)))
+    profiles.append(("xeon s28", [int(n) for n, _ in pts], [t / 1e3 for _, t in pts],
+                     (16, 32, 64, 128)))
     for name, x, y, jumps in profiles:
         y = np.array(y)
         small = [i for i, n in enumerate(x) if n <= 24]
@@ -42,7 +42,8 @@ def main():
         for label, f in (("raw", y), ("one knee", np.array(one_knee(x, y, jumps))),
                          ("shipped", np.array(fit_knee_curve(x, y, jumps)))):
             print(f"  {label:9s}" + " ".join(f"{f[i] * 1e3:6.2f}" for i in small)
-                  + f" | T(2)-T(1) {(f[1] - f[0]) * 1e3:5.2f} T(4)-T(1) {(f[3] - f[0]) * 1e3:5.2f} ms"
+                  + f" | T(2)-T(1) {(f[1] - f[0]) * 1e3:5.2f}"
+                  f" T(4)-T(1) {(f[3] - f[0]) * 1e3:5.2f} ms"
                   f" | max rel err {np.abs(f / y - 1).max():.3f} sse {relative_sse(f, y):.4f}")
 
 

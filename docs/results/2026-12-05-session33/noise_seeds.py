@@ -2,7 +2,8 @@
 instead of the test's one: how often the one-knee fit (before b80c134) and the shipped fit fail
 the test's conditions (monotone, every point within 8% of the truth, at least half the true slope
 over the flat stretch T(3) -> T(6)).
-Usage (beside fit_compare.py): cd docs/results/2026-12-05-session33 && SEEDS=200 python noise_seeds.py"""
+Usage (beside fit_compare.py):
+    cd docs/results/2026-12-05-session33 && SEEDS=200 python noise_seeds.py"""
 import os
 
 import numpy as np
