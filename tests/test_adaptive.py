@@ -453,6 +453,49 @@ def test_the_single_request_plan_equals_the_vector_plan(monkeypatch):
         assert fast[1] == pytest.approx(vector[1]) and fast[2] == pytest.approx(vector[2])
 
 
+def test_the_early_exit_never_changes_a_plan(monkeypatch):
+    """A batch whose drafts cannot pay, even at the cheapest plan's price, is answered K = 0
+    without the search: over random batches, rates, caps, cost curves (flat, stepped, steep),
+    draft costs and previous choices, the answer is the full search's, and the exit does fire."""
+    from specserve.spec_decode import cost_model
+
+    rng = np.random.default_rng(1)
+    points = [1, 2, 4, 8, 12, 16, 32, 64, 128]
+    targets = [StepCostModel(points, [0.016 + 1e-3 * min(n, 3) + 3e-3 * max(min(n, 12) - 3, 0)
+                                      + 2.5e-3 * max(n - 12, 0) for n in points],
+                             kv_read_s=8e-7, attention_s=2e-7, base_context=96),
+               StepCostModel(points, [0.013 + 2e-4 * n + 6e-3 * (n > 32) for n in points]),
+               knee_cost(knee=16)]
+    drafts = [None, StepCostModel([1, 4, 16], [1e-3, 1.1e-3, 1.5e-3]), head_cost()[1]]
+    exits = 0
+    real_exit = cost_model._no_plan_can_pay
+
+    def counted(*args):
+        nonlocal exits
+        fired = real_exit(*args)
+        exits += fired
+        return fired
+
+    for trial in range(400):
+        n = int(rng.integers(2, 17))
+        prefill = int(rng.integers(0, 2)) * 48
+        kwargs = dict(
+            alphas=rng.uniform(0, 1, size=(n, 4)) ** rng.uniform(0.3, 6),
+            k_max=rng.integers(0, 5, size=n), num_base_tokens=n + prefill,
+            target_cost=targets[trial % 3], draft_cost=drafts[trial % 3 - 1],
+            catch_up=rng.integers(0, 5, size=n) ** 3, horizon=rng.integers(1, 60, size=n),
+            prev_total=None if trial % 4 == 0 else int(rng.integers(0, 9)),
+            contexts=rng.integers(10, 3000, size=n), num_prefill_tokens=prefill)
+        monkeypatch.setattr(cost_model, "_no_plan_can_pay", counted)
+        fast = choose_num_speculative_tokens(**kwargs)
+        monkeypatch.setattr(cost_model, "_no_plan_can_pay", lambda *args: False)
+        full = choose_num_speculative_tokens(**kwargs)
+        monkeypatch.undo()
+        assert fast[0].tolist() == full[0].tolist(), kwargs
+        assert fast[1] == pytest.approx(full[1]) and fast[2] == pytest.approx(full[2])
+    assert exits > 40  # the exit is exercised, not just never taken
+
+
 def test_policy_parsing():
     assert parse_schedule("8=2,1=4,16=0") == [(1, 4), (8, 2), (16, 0)]
     assert build_policy("batch-threshold:8", 4).name == "batch-threshold:8"
