@@ -416,6 +416,27 @@ def test_lower_estimates_rank_a_long_record_above_a_lucky_streak():
     assert low[2] == est[2] == pytest.approx(acc.global_rate)
 
 
+def test_estimates_follow_the_counts_and_the_prior():
+    """The per-request estimate is (s + w g) / (n + w) per position, and the lower estimate
+    subtracts sqrt(n e (1 - e)) / (n + w) for the request's own n trials, clipped to [0, 1]:
+    checked against those formulas in numpy over random records (and an unknown request)."""
+    rng = np.random.default_rng(3)
+    acc = AcceptanceTracker(num_positions=4)
+    ids = [f"r{i}" for i in range(6)]
+    for _ in range(200):
+        k = int(rng.integers(1, 5))
+        acc.observe(ids[int(rng.integers(0, 6))], k, int(rng.binomial(k, 0.4)))
+    asked = ids + ["never seen"]
+    counts = np.array([acc.per_request.get(r, [0.0] * 8) for r in asked])
+    g = np.array(acc.global_succ) / np.array(acc.global_trials)
+    n = counts[:, 4:]
+    est = (counts[:, :4] + acc.prior_weight * g) / (n + acc.prior_weight)
+    np.testing.assert_allclose(acc.estimates(asked), est, rtol=1e-12)
+    low = np.clip(est - np.sqrt(n * est * (1 - est)) / (n + acc.prior_weight), 0, 1)
+    np.testing.assert_allclose(acc.lower_estimates(asked), low, rtol=1e-12)
+    assert acc.estimates([]).shape == (0, 4)
+
+
 def test_drafts_that_stay_right_once_started_are_worth_k_max():
     """Same first-position rate, different depth: a geometric 0.3 buys short drafts at most, but
     0.3 followed by 0.95 per position makes the full draft pay."""
