@@ -417,24 +417,34 @@ def test_lower_estimates_rank_a_long_record_above_a_lucky_streak():
 
 
 def test_estimates_follow_the_counts_and_the_prior():
-    """The per-request estimate is (s + w g) / (n + w) per position, and the lower estimate
-    subtracts sqrt(n e (1 - e)) / (n + w) for the request's own n trials, clipped to [0, 1]:
-    checked against those formulas in numpy over random records (and an unknown request)."""
+    """Replayed by hand, a run of verifications gives decayed successes and trials per position
+    (a verification of k drafts with a accepted observes positions 1..a, and a + 1 if a < k);
+    the estimate is (s + w g) / (n + w) per position, and the lower estimate subtracts
+    sqrt(n e (1 - e)) / (n + w) for the request's own n trials, clipped to [0, 1]. Checked in
+    numpy over random records and an unknown request."""
     rng = np.random.default_rng(3)
-    acc = AcceptanceTracker(num_positions=4)
+    p = 4
+    acc = AcceptanceTracker(num_positions=p)
     ids = [f"r{i}" for i in range(6)]
+    succ, trials = np.zeros((len(ids) + 1, p)), np.zeros((len(ids) + 1, p))
+    g_succ, g_trials = np.full(p, acc.prior * 2.0), np.full(p, 2.0)  # PRIOR_TRIALS = 2
     for _ in range(200):
-        k = int(rng.integers(1, 5))
-        acc.observe(ids[int(rng.integers(0, 6))], k, int(rng.binomial(k, 0.4)))
+        r, k = int(rng.integers(0, len(ids))), int(rng.integers(1, p + 1))
+        a = int(rng.binomial(k, 0.4))
+        acc.observe(ids[r], k, a)
+        for j in range(min(a + (a < k), p)):
+            hit = float(j < a)
+            succ[r, j] = acc.decay * succ[r, j] + hit
+            trials[r, j] = acc.decay * trials[r, j] + 1
+            g_succ[j] = acc.global_decay * g_succ[j] + hit
+            g_trials[j] = acc.global_decay * g_trials[j] + 1
+    w = acc.prior_weight
+    est = (succ + w * g_succ / g_trials) / (trials + w)
     asked = ids + ["never seen"]
-    counts = np.array([acc.per_request.get(r, [0.0] * 8) for r in asked])
-    g = np.array(acc.global_succ) / np.array(acc.global_trials)
-    n = counts[:, 4:]
-    est = (counts[:, :4] + acc.prior_weight * g) / (n + acc.prior_weight)
     np.testing.assert_allclose(acc.estimates(asked), est, rtol=1e-12)
-    low = np.clip(est - np.sqrt(n * est * (1 - est)) / (n + acc.prior_weight), 0, 1)
+    low = np.clip(est - np.sqrt(trials * est * (1 - est)) / (trials + w), 0, 1)
     np.testing.assert_allclose(acc.lower_estimates(asked), low, rtol=1e-12)
-    assert acc.estimates([]).shape == (0, 4)
+    assert acc.estimates([]).shape == (0, p)
 
 
 def test_drafts_that_stay_right_once_started_are_worth_k_max():
@@ -503,7 +513,7 @@ def test_the_early_exit_never_changes_a_plan(monkeypatch):
         kwargs = dict(
             alphas=rng.uniform(0, 1, size=(n, 4)) ** rng.uniform(0.3, 6),
             k_max=rng.integers(0, 5, size=n), num_base_tokens=n + prefill,
-            target_cost=targets[trial % 3], draft_cost=drafts[trial % 3 - 1],
+            target_cost=targets[trial % 3], draft_cost=drafts[(trial // 3) % 3],
             catch_up=rng.integers(0, 5, size=n) ** 3, horizon=rng.integers(1, 60, size=n),
             prev_total=None if trial % 4 == 0 else int(rng.integers(0, 9)),
             contexts=rng.integers(10, 3000, size=n), num_prefill_tokens=prefill)
@@ -515,6 +525,32 @@ def test_the_early_exit_never_changes_a_plan(monkeypatch):
         assert fast[0].tolist() == full[0].tolist(), kwargs
         assert fast[1] == pytest.approx(full[1]) and fast[2] == pytest.approx(full[2])
     assert exits > 40  # the exit is exercised, not just never taken
+
+
+@pytest.mark.parametrize("with_draft", [False, True])
+def test_the_early_exit_is_tight_at_break_even(monkeypatch, with_draft):
+    """Two requests, one allowed a single draft: its plan's goodput is the exit's bound exactly.
+    Just above the margin the plan is kept; just below it the exit answers, where a bound that
+    ignored the target's extra token (as before session 34) would have gone on to search."""
+    from specserve.spec_decode import cost_model
+
+    target = StepCostModel([1, 2, 3, 4], [0.019, 0.020, 0.022, 0.024])
+    draft = StepCostModel([1, 4], [0.001, 0.0012]) if with_draft else None
+    none_goodput = 2 / 0.020
+    plan_time = 0.022 + (0.001 if with_draft else 0.0)
+    fired = []
+    real_exit = cost_model._no_plan_can_pay
+    monkeypatch.setattr(cost_model, "_no_plan_can_pay",
+                        lambda *args: fired.append(real_exit(*args)) or fired[-1])
+    for factor, expected in ((1 + 1e-6, [1, 0]), (1 - 1e-6, [0, 0])):
+        alpha = (1 + 0.03) * factor * none_goodput * plan_time - 2  # min_gain's default, 0.03
+        ks, _, _ = choose_num_speculative_tokens(
+            np.array([[alpha], [0.9]]), np.array([1, 0]), 2, target, draft,
+            catch_up=np.array([1, 1]) if with_draft else None)
+        assert ks.tolist() == expected
+    assert fired == [False, True]
+    old_bound = (2 + alpha) / (plan_time - 0.002)  # no extra target token charged
+    assert old_bound > 1.03 * none_goodput
 
 
 def test_policy_parsing():
