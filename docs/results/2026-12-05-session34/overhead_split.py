@@ -7,7 +7,6 @@ rest of step(), and the loop's time outside step(); steps, drafts, accepted, K h
 with the medians per policy and adaptive's per-round ratio to every other policy."""
 import os
 import statistics
-import time
 
 from specserve import LLM
 from specserve.bench.lab import prepare_workload, proposer_config, run_workload, warm_up
@@ -33,16 +32,11 @@ for r in range(ROUNDS):
         else:
             e.set_speculation_policy(*parse_policy(pol, 4))
             installed[pol] = e.spec_policy
-        s = e.stats
-        sp0, f0, st0, n0 = s.spec_time, s.forward_time, s.step_time, s.num_steps
-        t0 = time.perf_counter()
         run = run_workload(e, w, C, N, warm_shared_prefix=True)
-        wall = time.perf_counter() - t0
-        n = s.num_steps - n0
-        fwd, spec, step = (s.forward_time - f0) / n, (s.spec_time - sp0) / n, \
-            (s.step_time - st0) / n
+        n = run["num_steps"]  # the run's own counters: the shared prefix's warm-up left out
+        fwd, spec, step = (run[k] / n for k in ("forward_time_s", "spec_time_s", "step_time_s"))
         row = (run["output_tok_s"], 1e3 * fwd, 1e3 * spec, 1e3 * (step - fwd - spec),
-               1e3 * (wall / n - step))
+               1e3 * (run["wall_s"] / n - step))
         rows[pol].append(row)
         print(f"{pol:17s} {WORKLOAD} c{C} {row[0]:7.1f} tok/s  forward {row[1]:.3f}  spec "
               f"{row[2]:.3f}  rest {row[3]:.3f}  loop {row[4]:.3f} ms/step  steps {n}  drafts "
