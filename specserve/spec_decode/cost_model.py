@@ -329,13 +329,14 @@ def choose_num_speculative_tokens(
     # lowers a catch-up this bound does not count. Saves ~0.2 ms per step at batch 64; with
     # the target's extra token counted it also answers most plans of prose at 4 requests,
     # where n-gram guesses exist but are rarely right.
+    attn_s = target_cost.context_time(0.0, 1.0)  # one query token's attention per context token
     depth = int(k_max.max())
     gains = level_gains(alphas, depth)  # [num_reqs, depth]
     levels = np.arange(1, depth + 1)
     allowed = levels[None, :] <= k_max[:, None]
     most_extra = float(gains[allowed].sum())
     least_time = base_time + target_cost(num_base_tokens + 1) - target_cost(num_base_tokens) \
-        + target_cost.context_time(0.0, 1.0) * float(ctx[k_max > 0].min()) \
+        + attn_s * float(ctx[k_max > 0].min()) \
         + (float(draft_cost(1)) if draft_cost is not None else 0.0)
     if _no_plan_can_pay(base_tokens + most_extra, least_time, none[2], min_gain):
         return none
@@ -344,7 +345,7 @@ def choose_num_speculative_tokens(
     req_idx, level = np.nonzero(allowed)
     gain = gains[req_idx, level]
     level = level + 1
-    attn = target_cost.context_time(0.0, 1.0) * ctx[req_idx]
+    attn = attn_s * ctx[req_idx]
     token_s = max((float(target_cost(num_base_tokens + 16)) - float(target_cost(num_base_tokens)))
                   / 16, 1e-9)  # marginal time of one more token, context aside
     order = np.lexsort((level, -gain / (token_s + attn)))  # a request's levels stay in order
