@@ -24,7 +24,7 @@ def test_auto_dtype_follows_the_hardware():
         EngineConfig(dtype="bf17")
 
 
-@pytest.mark.parametrize("rows", [1, 2, 5, 12, 13, 64])
+@pytest.mark.parametrize("rows", [1, 2, 5, 32, 33, 64])
 def test_an_fp32_image_computes_what_a_bf16_gemm_computes(monkeypatch, rows):
     """bf16 inputs and weights are exact in fp32, so the emulated layer (the small-row kernel
     up to small_rows(), the fp32 image beyond) computes fp32 sums of the same products rounded
@@ -61,16 +61,24 @@ def test_fp32_linears_are_packed_and_exact_to_fp32_rounding():
     torch.testing.assert_close(packed(x), lin(x), rtol=1e-5, atol=1e-5)
 
 
-def test_small_row_kernel_matches_float64_and_takes_fp32_activations():
+def _small_row_kernel_or_skip():
     from specserve.layers import paged_attention_ext as ext
 
     m = ext.module()
     if m is None or not m.bf16_linear_vectorized():
         pytest.skip("small-row bf16 kernel not built with AVX2 + FMA here")
+    return m
+
+
+# K 29: one 16-wide pair block + a scalar tail; K 70: four blocks + a tail. 37 weight rows: the
+# 8 / 4 / 2-row blocks, the 2-row pairs past 3 activation rows, and an odd row left over.
+@pytest.mark.parametrize("k", [29, 70])
+def test_small_row_kernel_matches_float64_and_takes_fp32_activations(k):
+    m = _small_row_kernel_or_skip()
     torch.manual_seed(1)
-    w = torch.randn(37, 29).bfloat16()  # 37 rows: 8-row blocks + tail; K 29: 8-wide + tail
-    for rows in range(1, 8):
-        x = torch.randn(rows, 29)
+    w = torch.randn(37, k).bfloat16()
+    for rows in range(1, m.bf16_linear_max_rows() + 1):
+        x = torch.randn(rows, k)
         ref = x.bfloat16().double() @ w.double().T
         got = m.bf16_linear(x.bfloat16(), w, torch.empty(0))
         torch.testing.assert_close(got.double(), ref, rtol=2**-8, atol=1e-6)
@@ -78,6 +86,20 @@ def test_small_row_kernel_matches_float64_and_takes_fp32_activations():
         assert got32.dtype == torch.float32
         torch.testing.assert_close(got32.double(), x.double() @ w.double().T, rtol=1e-5,
                                    atol=1e-5)
+
+
+def test_small_row_kernel_gives_a_row_the_same_bits_in_any_batch():
+    """Every row count sums in one order, so a request's logits do not depend on what else the
+    step computes: decoding alone, verifying drafts (K + 1 rows), or in a batch of 32."""
+    m = _small_row_kernel_or_skip()
+    torch.manual_seed(2)
+    w = torch.randn(37, 70).bfloat16()
+    bias = torch.randn(37).bfloat16()
+    rows = m.bf16_linear_max_rows()
+    x = torch.randn(rows, 70) * 4  # fp32 activations: the sums' last bits reach the output
+    alone = torch.cat([m.bf16_linear(x[i:i + 1], w, bias) for i in range(rows)])
+    for n in range(2, rows + 1):
+        assert torch.equal(m.bf16_linear(x[:n], w, bias), alone[:n]), n
 
 
 def _amx_or_skip() -> int:
