@@ -11,8 +11,8 @@ the exact fp32 image of its bf16 weight and rounds the output to bf16: the same 
 fp32 accumulation that a bf16 GEMM computes, at fp32 GEMM speed. Reading that image costs twice
 the weight's bytes, which is what bounds decoding, so up to `small_rows()` rows (32) the layer
 reads the bf16 weight itself with a kernel that widens it in registers (csrc/bf16_gemv.cpp): on
-a 2-core Zen 3, 2x faster at 1-8 rows and 1.1x at 24-32. Such a layer holds both (3x the bf16
-bytes).
+a 2-core Zen 3, 2.1-2.3x faster at 1-8 rows and 1.1-1.3x at 24-32. Such a layer holds both (3x
+the bf16 bytes).
 
 On a CPU with AMX tiles (Intel Xeon since Sapphire Rapids), up to `amx_rows()` rows of a bf16
 layer run our AMX kernel (csrc/amx_linear.cpp) on a second copy of the weight in AMX's tile

@@ -44,6 +44,11 @@ inline __m256 widen_bf16(const c10::BFloat16* p) {
 #if defined(__AVX2__) && defined(__FMA__)
 constexpr bool kGemvVectorized = true;
 
+// The scalar tails below must sum in one order in every inlined copy (see "one order" below):
+// the extension is built with -fassociative-math, which lets gcc vectorise such loops.
+#pragma GCC push_options
+#pragma GCC optimize("no-associative-math")
+
 inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -60,8 +65,9 @@ inline float hsum(__m256 v) {
 //
 // Every output is summed in the same order, whichever path and row count computes it: eight
 // lanes over the 16-k blocks (even product, then odd), a horizontal sum, then the K tail in
-// scalar code. So a row's result does not depend on the other rows of the call: a request's
-// logits are the same bits alone or in a batch, verifying drafts or decoding one token.
+// scalar code. So a row's result does not depend on the other rows of the call: up to 32 rows
+// in the step, a request's logits are the same bits alone or in a batch, verifying drafts or
+// decoding one token.
 inline __m256i load_pairs(const c10::BFloat16* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
@@ -165,7 +171,7 @@ void few_rows(int64_t mc, const float* xp, const float* x, const c10::BFloat16* 
 
 void gemv_rows(const float* xp, const float* x, int64_t M, const c10::BFloat16* w, int64_t K,
                int64_t n0, int64_t n1, float* out, int64_t N) {
-  // Up to 3 rows: as many weight rows per block as the registers allow (8 accumulator chains).
+  // Up to 3 rows: as many weight rows per block as the registers allow (8, 8, 6 accumulators).
   switch (M) {
     case 1: return sweep_weights<1, 8>(xp, x, w, K, n0, n1, out, N);
     case 2: return sweep_weights<2, 4>(xp, x, w, K, n0, n1, out, N);
@@ -187,7 +193,7 @@ void gemv_rows(const float* xp, const float* x, int64_t M, const c10::BFloat16* 
                   out + m * N + n, N);
 }
 
-// [M, K] -> [M, K]: per 16 k, the even elements then the odd ones (widen_pairs' order); the
+// [M, K] -> [M, K]: per 16 k, the even elements then the odd ones (even_of / odd_of); the
 // K tail as it was.
 at::Tensor permute_pairs(const at::Tensor& xf) {
   const int64_t M = xf.size(0), K = xf.size(1), k16 = K & ~int64_t{15};
@@ -204,6 +210,7 @@ at::Tensor permute_pairs(const at::Tensor& xf) {
   }
   return out;
 }
+#pragma GCC pop_options
 #else
 constexpr bool kGemvVectorized = false;
 
@@ -223,8 +230,8 @@ at::Tensor permute_pairs(const at::Tensor& xf) { return xf; }
 }  // namespace
 
 // Up to this many activation rows the kernel beats oneDNN fp32 on the weights' fp32 image (on
-// a 2-core Zen 3, all 30 layers and the LM head of SmolLM2-135M: 2.1-2.3x at 1-4 rows, 1.9x at
-// 8, 1.2x at 16, 1.1x at 24-32, 0.92x at 48; docs/performance.md, session 35).
+// a 2-core Zen 3, all 30 layers and the LM head of SmolLM2-135M: 2.1-2.3x at 1-8 rows, 1.5x at
+// 16, 1.3x at 24, 1.1x at 32, and 0.92-1.04x at 48; docs/performance.md, session 35).
 constexpr int64_t kBf16LinearMaxRows = 32;
 
 // x [M, K] bf16 or fp32; w [N, K] bf16 (nn.Linear's layout); bias [N] (any float dtype) or
