@@ -3,6 +3,9 @@ Qwen2 (q/k/v bias), greedy output token-identical to transformers."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from tiny_models import make_tiny_model
@@ -48,3 +51,16 @@ def test_embedded_model_saved_as_hf_directory_round_trips(tmp_path, llm, hf_mode
     prompt = "The three primary colours are"
     assert from_dir.generate([prompt], params)[0].outputs[0].token_ids == \
         llm.generate([prompt], params)[0].outputs[0].token_ids
+
+
+def test_building_an_engine_imports_neither_dynamo_nor_triton(tmp_path):
+    """The model is built on the meta device without torch's reference ops (random init, the
+    rotary table), whose first call imports torch._dynamo and triton: ~2 s of start-up, and
+    triton's "leaked" messages at exit. A fresh process, as `specserve serve` starts."""
+    path = make_tiny_model(tmp_path / "llama")
+    code = ("import sys\nfrom specserve import LLM, SamplingParams\n"
+            f"LLM({str(path)!r}).generate(['hi'], SamplingParams(max_tokens=2))\n"
+            "print([m for m in ('torch._dynamo', 'triton') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -7,6 +7,8 @@ computed only for the rows the caller asks for.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch import nn
 
@@ -81,7 +83,7 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, dtype: torch.dtype):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
@@ -90,7 +92,7 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, dtype)
+        self.rotary = rotary  # a plain table on the weights' device (to_empty leaves it alone)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -118,12 +120,27 @@ class LlamaModel(nn.Module):
         return logits.float() if float32 else logits
 
 
+@contextlib.contextmanager
+def _no_random_init():
+    """Skip the random initialisation of Linear and Embedding weights, which the checkpoint
+    overwrites anyway. On the meta device torch runs it (like any op that computes, such as the
+    rotary table's, built before the model for that reason) through its Python reference ops,
+    whose first call imports torch._dynamo and with it triton: ~2 s of every engine's start-up,
+    and triton's bindings then print "leaked" lines at interpreter exit."""
+    saved = nn.Linear.reset_parameters, nn.Embedding.reset_parameters
+    nn.Linear.reset_parameters = nn.Embedding.reset_parameters = lambda self: None
+    try:
+        yield
+    finally:
+        nn.Linear.reset_parameters, nn.Embedding.reset_parameters = saved
+
+
 def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
                 dtype: torch.dtype, device: torch.device | str = "cpu") -> LlamaModel:
-    with torch.device("meta"):
-        model = LlamaModel(cfg, dtype)
+    rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, dtype, device)
+    with torch.device("meta"), _no_random_init():
+        model = LlamaModel(cfg, rotary)
     model = model.to_empty(device=device)
-    model.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, dtype, device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
     missing, unexpected = model.load_state_dict(
