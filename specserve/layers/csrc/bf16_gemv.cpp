@@ -83,15 +83,15 @@ inline float finish_dot(__m256 acc, const float* x, const c10::BFloat16* w, int6
   return s;
 }
 
-// Two things gcc did to these kernels, each checked in their machine code (and 4 rows ran
-// 1.4-1.5x slower): inlined into the parallel loop, they kept their accumulators in memory
-// too, storing every one at every k step, so they stay functions of their own; and with the
-// prefetch behind a helper function gcc emitted no prefetch in some of them, so it is written
-// out in each.
+// Two things gcc did to this kernel, each checked in its machine code (and 4 rows ran 1.4-1.5x
+// slower): inlined into the parallel loop, it kept its accumulators in memory too, storing
+// every one at every k step, so it stays a function of its own; and with the prefetch behind a
+// helper function gcc emitted no prefetch in some instantiations, so it is written out here.
 #define NOINLINE __attribute__((noinline))
 
-// MC <= 3 activation rows (xp permuted, x not) against R weight rows, the activations held in
-// registers: 2 * MC + MC * R + 3 of the 16 ymm registers.
+// MC activation rows (xp permuted, x not) against R weight rows. Up to 3 rows the activations
+// stay in registers (2 * MC + MC * R + 3 of the 16 ymm registers); at 4 x 2 gcc reads them from
+// L1 as the FMAs' memory operands, with no spill.
 template <int MC, int R>
 NOINLINE void block_dot(const float* xp, const float* x, const c10::BFloat16* w, int64_t K,
                         float* out, int64_t ldo) {
@@ -119,35 +119,6 @@ NOINLINE void block_dot(const float* xp, const float* x, const c10::BFloat16* w,
   }
   for (int m = 0; m < MC; ++m)
     for (int r = 0; r < R; ++r) out[m * ldo + r] = finish_dot(acc[m][r], x + m * K, w + r * K, K);
-}
-
-// Four activation rows against two weight rows: the widened weights stay in registers and the
-// activations are reloaded from L1 (8 accumulators + 4 weight vectors + 2 activation vectors).
-NOINLINE void block_dot_4x2(const float* xp, const float* x, const c10::BFloat16* w,
-                            int64_t K, float* out, int64_t ldo) {
-  __m256 acc[4][2];
-  for (int m = 0; m < 4; ++m)
-    for (int r = 0; r < 2; ++r) acc[m][r] = _mm256_setzero_ps();
-  const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  const int64_t k16 = K & ~int64_t{15};
-  for (int64_t k = 0; k < k16; k += 16) {
-    if ((k & 31) == 0) {  // the next pair's lines
-      _mm_prefetch(reinterpret_cast<const char*>(w + 2 * K + k), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(w + 3 * K + k), _MM_HINT_T0);
-    }
-    const __m256i p0 = load_pairs(w + k), p1 = load_pairs(w + K + k);
-    const __m256 e0 = even_of(p0), o0 = odd_of(p0, high_half);
-    const __m256 e1 = even_of(p1), o1 = odd_of(p1, high_half);
-    for (int m = 0; m < 4; ++m) {
-      const __m256 xe = _mm256_loadu_ps(xp + m * K + k), xo = _mm256_loadu_ps(xp + m * K + k + 8);
-      acc[m][0] = _mm256_fmadd_ps(xe, e0, acc[m][0]);
-      acc[m][0] = _mm256_fmadd_ps(xo, o0, acc[m][0]);
-      acc[m][1] = _mm256_fmadd_ps(xe, e1, acc[m][1]);
-      acc[m][1] = _mm256_fmadd_ps(xo, o1, acc[m][1]);
-    }
-  }
-  for (int m = 0; m < 4; ++m)
-    for (int r = 0; r < 2; ++r) out[m * ldo + r] = finish_dot(acc[m][r], x + m * K, w + r * K, K);
 }
 
 // 1-3 activation rows against weight rows [n0, n1), R at a time (R * 2 * K bytes stay in L1).
@@ -184,7 +155,7 @@ void gemv_rows(const float* xp, const float* x, int64_t M, const c10::BFloat16* 
     const c10::BFloat16* wb = w + n * K;
     int64_t m = 0;
     for (; m + 4 <= M; m += 4)
-      block_dot_4x2(xp + m * K, x + m * K, wb, K, out + m * N + n, N);
+      block_dot<4, 2>(xp + m * K, x + m * K, wb, K, out + m * N + n, N);
     if (m < M) few_rows<2>(M - m, xp + m * K, x + m * K, wb, K, out + m * N + n, N);
   }
   for (; n < n1; ++n)
