@@ -166,6 +166,39 @@ def test_profile_fit_follows_a_curve_that_steepens_twice():
     assert abs((fit[3] - fit[0]) / (raw[3] - raw[0]) - 1) < 0.25, (fit[:4], raw[:4])
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_profile_point_runs_and_the_warm_up(device, monkeypatch):
+    """A profile point on a fake clock. Short forwards run a warm-up and `repeats` timed runs.
+    On a CPU the warm-up counts as a run (min and budget), so a forward longer than the budget
+    runs once. On a GPU the warm-up is thrown away even when it is the fastest, because its
+    first call may load kernels."""
+    from specserve.spec_decode import profiler
+
+    clock = [0.0]
+    monkeypatch.setattr(profiler.time, "perf_counter", lambda: clock[0])
+
+    class Runner:
+        def __init__(self, seconds: list[float]):
+            self.device, self.seconds, self.calls = torch.device(device), seconds, 0
+
+        def prepare(self, shape):
+            return shape
+
+        def execute(self, inputs, logits_rows):
+            clock[0] += self.seconds[min(self.calls, len(self.seconds) - 1)]
+            self.calls += 1
+
+    def fastest(seconds: list[float]) -> tuple[float, int]:
+        runner = Runner(seconds)
+        return profiler._fastest(runner, [], torch.arange(1), repeats=3), runner.calls
+
+    budget, cpu = profiler.POINT_BUDGET_S, device == "cpu"
+    assert fastest([0.02, 0.03, 0.025, 0.04]) == (pytest.approx(0.02 if cpu else 0.025), 4)
+    long = fastest([3 * budget, 2 * budget])
+    assert long == ((pytest.approx(3 * budget), 1) if cpu else (pytest.approx(2 * budget), 2))
+    # Half the budget each: the warm-up and one run fill it on a CPU.
+    assert fastest([budget / 2, budget / 2])[1] == (2 if cpu else 3)
+
 def test_a_step_in_the_cost_keeps_drafts_from_crossing_it():
     """Just under a step, drafts that would cross it cost the whole step: a batch of 32 buys
     none, a batch of 24 at most the 8 that fit below it. The same profile without the step
