@@ -199,6 +199,7 @@ def test_profile_point_runs_and_the_warm_up(device, monkeypatch):
     # Half the budget each: the warm-up and one run fill it on a CPU.
     assert fastest([budget / 2, budget / 2])[1] == (2 if cpu else 3)
 
+
 def test_a_step_in_the_cost_keeps_drafts_from_crossing_it():
     """Just under a step, drafts that would cross it cost the whole step: a batch of 32 buys
     none, a batch of 24 at most the 8 that fit below it. The same profile without the step

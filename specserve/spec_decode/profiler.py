@@ -5,7 +5,8 @@ The profile must resolve the slope the controller trades on: on this machine the
 is compute-bound from about 4 tokens (+0.55 ms per token), and a sparse profile (1, 4, 16, ...)
 with one timing per point read it as nearly flat between 4 and 16 — the controller then bought
 drafts that cost 4x what it believed. So: dense points where decode batches live, a warm-up
-run and `repeats` timed runs per point, the fastest kept.
+run and up to `repeats` timed runs per point, the fastest kept (on a CPU the warm-up is one of
+the candidates: see _fastest).
 
 The context terms come from four more shapes: S sequences x 1 and x Q tokens, each at the
 short profile context and at a long one. Lengthening the context adds S * dctx * (kv + attn)
@@ -59,8 +60,9 @@ def _fake_seq(runner: ModelRunner, i: int, ctx: int, q: int = 1) -> SimpleNamesp
 
 def _fastest(runner: ModelRunner, shape: list[tuple[SimpleNamespace, int]],
              logits_rows: torch.Tensor, repeats: int) -> float:
-    """The fastest of up to `repeats` timed forwards of one shape (machine noise only ever adds
-    time; POINT_BUDGET_S caps long points), after one warm-up.
+    """The fastest of up to `repeats` timed forwards of one shape after a warm-up, which on a
+    CPU is a candidate too (machine noise only ever adds time; POINT_BUDGET_S caps long
+    points).
 
     On a CPU the warm-up is timed too, and counts: once the profile's first (largest) forward
     has run, a shape's first forward there costs what the next ones do (2-core Zen 3, bf16: 256
@@ -92,8 +94,8 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
                     context: int = 96, long_context: int = 1024, repeats: int = 3,
                     chunk_points: tuple[int, ...] = CHUNK_POINTS) -> StepCostModel:
     """Time decode-shaped forwards of n sequences x 1 token (n in points) at a fixed context,
-    with logits for every token (as a verification step needs); the fastest of up to `repeats`
-    runs per point. Then the context shapes (module docstring), and the chunk curve: n tokens
+    with logits for every token (as a verification step needs); the fastest run per point
+    (_fastest). Then the context shapes (module docstring), and the chunk curve: n tokens
     in sequences of CHUNK_SEQ_LEN, logits for the last token only (n in chunk_points). The same
     profile serves the target and a draft network (its chained forwards, and its catch-up on
     the chunk curve)."""
