@@ -60,9 +60,8 @@ def _fake_seq(runner: ModelRunner, i: int, ctx: int, q: int = 1) -> SimpleNamesp
 
 def _fastest(runner: ModelRunner, shape: list[tuple[SimpleNamespace, int]],
              logits_rows: torch.Tensor, repeats: int) -> float:
-    """The fastest of up to `repeats` timed forwards of one shape after a warm-up, which on a
-    CPU is a candidate too (machine noise only ever adds time; POINT_BUDGET_S caps long
-    points).
+    """The fastest of up to `repeats` timed forwards of one shape after a warm-up (machine noise
+    only ever adds time; POINT_BUDGET_S caps long points).
 
     On a CPU the warm-up is timed too, and counts: once the profile's first (largest) forward
     has run, a shape's first forward there costs what the next ones do (2-core Zen 3, bf16: 256
@@ -78,10 +77,10 @@ def _fastest(runner: ModelRunner, shape: list[tuple[SimpleNamespace, int]],
 
     warm_up = timed()
     runs = [warm_up] if runner.device.type == "cpu" else []
-    timed_runs = 0
-    while timed_runs < repeats and sum(runs) < POINT_BUDGET_S:
+    for _ in range(repeats):
+        if sum(runs) >= POINT_BUDGET_S:
+            break
         runs.append(timed())
-        timed_runs += 1
     return min(runs)
 
 
