@@ -16,6 +16,7 @@ from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
 from specserve.engine.output_processor import check_stop, make_output, record_logprobs
 from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler
+from specserve.engine.spec_planner import SpeculationPlanner, draft_room
 from specserve.hardware import describe_cpu_precision
 from specserve.layers.kv_cache import resolve_kv_dtype
 from specserve.layers.linear import pack_linears
@@ -57,8 +58,6 @@ class EngineStats:
 
 
 logger = logging.getLogger("specserve")
-REPLAN_STEPS = 8  # an all-zero speculation plan stands this many steps for the same batch
-LOOKUP_FIRST_SEQS = 8  # up to this many requests, free guesses are looked up before planning
 
 
 def _available_memory(device: torch.device) -> int:
@@ -126,11 +125,8 @@ class LLMEngine:
                     num_blocks * cache.block_size // 1024)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
-        self._last_draft_time = 0.0
-        self._idle_plan: tuple | None = None  # (size, prefill?, members) of an all-zero plan
-        self._shadow: dict[str, int] = {}  # request id -> unused n-gram guess for the next token
-        self._idle_steps = 0
-        self._shadow_cursor = 0  # where the next window of shadow look-ups starts (_choose)
+        self.planner = SpeculationPlanner(self.proposer, self.scheduler, self.stats,
+                                          self.max_model_len) if self.proposer else None
         self.profile_time = 0.0  # start-up profile of the cost model (seconds)
         self._cost_models = None
         self.spec_policy = self._build_policy(config.speculation_policy)
@@ -170,7 +166,7 @@ class LLMEngine:
         if self.proposer is None:
             raise ValueError("speculation policies need a speculative_config (a proposer)")
         self.spec_policy = self._build_policy(name, k_max)
-        self._idle_plan, self._shadow = None, {}
+        self.planner.reset()
 
     # ---- requests -------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
@@ -303,11 +299,12 @@ class LLMEngine:
         now = time.perf_counter()
         outputs = []
         row = 0
+        shadow = self.planner.take_shadow() if self.planner else {}
         for (req, k), tokens in zip(sampling, emitted, strict=True):
             # The first unused guess (position k + 1) is checked against the token the target
             # emitted there, when it got there: after k accepted drafts (or with k = 0). Not
             # when the token budget cut the drafts short: the guess is for another position.
-            guess = self._shadow.get(req.request_id) if self._shadow else None
+            guess = shadow.get(req.request_id) if shadow else None
             hit = None if guess is None or k != len(req.spec_token_ids) \
                 or len(tokens) != k + 1 else tokens[k] == guess
             if k and req.spec_from_grammar:
@@ -329,7 +326,6 @@ class LLMEngine:
             num_before = req.num_output_tokens
             self._append_and_check(req, tokens)
             outputs.append(make_output(req, self.tokenizer, req.num_output_tokens - num_before))
-        self._shadow = {}
         for req, _ in sched.scheduled:
             if not req.is_finished:
                 self.block_manager.cache_blocks(req)
@@ -343,11 +339,11 @@ class LLMEngine:
             runs = [(c, n) for c, (_, n) in zip(computed_before, sched.scheduled, strict=True)]
             self.spec_policy.observe_step(sched.total_num_tokens, t_forward,
                                           self.proposer.last_forwards,
-                                          self._last_draft_time, runs,
+                                          self.planner.last_draft_time, runs,
                                           sched.total_num_tokens - len(logits_indices))
             self.proposer.last_forwards = []
-            self._last_draft_time = 0.0
-            self._propose()
+            self.planner.last_draft_time = 0.0
+            self.planner.propose(self.spec_policy)
             self.stats.spec_time += time.perf_counter() - t_spec
         self.stats.num_steps += 1
         self.stats.step_time += time.perf_counter() - t0
@@ -412,7 +408,7 @@ class LLMEngine:
                     or req.params.speculation_policy == "off"
                     or (req.generator is not None and not req.params.is_greedy)):
                 continue
-            cap = min(limit, self._draft_room(req))
+            cap = min(limit, draft_room(req, self.max_model_len))
             if req.params.num_speculative_tokens is not None:
                 cap = min(cap, req.params.num_speculative_tokens)
             if cap > 0:
@@ -420,163 +416,6 @@ class LLMEngine:
                 if tokens:
                     req.spec_token_ids, req.spec_probs = tokens, None
                     req.spec_from_grammar = True
-
-    def _draft_room(self, req: Request) -> int:
-        """The most drafts req can use: never guess past max_tokens or the context, where
-        those tokens could not be emitted."""
-        return max(min(req.max_tokens - req.num_output_tokens - 1,
-                       self.max_model_len - req.num_tokens - 1), 0)
-
-    def _propose(self) -> None:
-        """Choose K per decoding request (the policy) and guess that many tokens."""
-        reqs, caps, forced = [], [], []
-        for req in self.scheduler.running:
-            if req.num_computed_tokens != req.num_tokens - 1:
-                continue  # still in prefill
-            if req.spec_token_ids:
-                continue  # not scheduled this step (token budget): its guesses still wait
-            reqs.append(req)
-            caps.append(self._draft_room(req))
-            forced.append(req.params.speculation_policy)
-        if not reqs:
-            return
-        policy = self.spec_policy
-        # Under an engine-wide `off`, the requests the engine decides for get K = 0 without a
-        # plan or a look-up: rag's n-gram look-ups (indexing each new 2,500-token prompt) cost
-        # `off` 1.2 ms of a 66 ms step at concurrency 64, work that no estimate used.
-        free = [] if policy.name == "off" else [i for i, f in enumerate(forced)
-                                                 if f in (None, "adaptive")]
-        ks = [0 if f == "off" else policy.request_k_max(r) if f == "static" else 0
-              for r, f in zip(reqs, forced, strict=True)]
-        t0 = time.perf_counter()
-        looked: dict[int, list[int]] = {}  # request index -> guesses already looked up
-        if free:
-            looked = self._choose(reqs, free, ks, caps)
-        ks = [min(k, cap) for k, cap in zip(ks, caps, strict=True)]
-        policy.record_choice(ks)
-        if not any(ks):
-            return  # zero overhead when nobody speculates: no draft forward at all
-        rest = [i for i in range(len(reqs)) if i not in looked]
-        token_ids = [looked[i][:k] if i in looked else [] for i, k in enumerate(ks)]
-        probs = None
-        if any(ks[i] for i in rest):
-            proposal = self.proposer.propose([reqs[i] for i in rest], [ks[i] for i in rest])
-            probs = proposal.probs
-            for i, tokens in zip(rest, proposal.token_ids, strict=True):
-                token_ids[i] = tokens
-        self._last_draft_time = time.perf_counter() - t0
-        self.stats.draft_time += self._last_draft_time
-        row = 0
-        for req, tokens in zip(reqs, token_ids, strict=True):
-            req.spec_token_ids, req.spec_from_grammar = tokens, False
-            if probs is not None and tokens:
-                req.spec_probs = probs[row:row + len(tokens)]
-                row += len(tokens)
-
-    def _choose(self, reqs: list[Request], free: list[int], ks: list[int],
-                caps: list[int]) -> dict[int, list[int]]:
-        """The policy's K for reqs[i], i in free, written into ks. Returns the guesses already
-        looked up (index -> tokens) for a proposer whose guesses cost nothing (n-gram)."""
-        policy = self.spec_policy
-        # The next step also carries the requests drafting what their grammar forces.
-        num_base = len(reqs) + sum(ks) + sum(1 + len(r.spec_token_ids)
-                                             for r in self.scheduler.running
-                                             if r.spec_from_grammar and r.spec_token_ids)
-        num_prefill = self.scheduler.pending_prefill_tokens(num_base)
-        free_reqs = [reqs[i] for i in free]
-
-        def plan(limits: list[int]) -> list[int]:
-            catch_up = [self.proposer.catch_up_tokens(r) for r in free_reqs]
-            return policy.choose(free_reqs, len(self.scheduler.running), num_base + num_prefill,
-                                 catch_up, num_prefill, limits)
-
-        limits = [caps[i] for i in free]
-        looked: dict[int, list[int]] = {}
-        if self.proposer.free_lookahead and len(free) <= LOOKUP_FIRST_SEQS:
-            # Few requests: their guesses (n-gram, ~3-25 us each) cost less than a plan, so look
-            # first and plan only for the drafts that exist. A step where nobody has a guess
-            # needs no plan at all (half the steps of json at concurrency 1), and every unused
-            # guess is checked, so the estimates move on every step: after a workload with
-            # poor acceptance the controller caught up on json at concurrency 1 only every
-            # REPLAN_STEPS steps and trailed static K = 4 by 6%.
-            found = self._look_up(free_reqs, limits)
-            looked = dict(zip(free, found, strict=True))
-            chosen = plan([len(t) for t in found]) if any(found) else [0] * len(free)
-            self._idle_plan = None
-            self._set_shadow(free_reqs, chosen, found)
-        else:
-            chosen = self._plan_then_look_up(free_reqs, free, limits, plan, num_prefill, looked)
-        for i, k in zip(free, chosen, strict=True):
-            ks[i] = k
-        return looked
-
-    def _plan_then_look_up(self, free_reqs: list[Request], free: list[int], limits: list[int],
-                           plan: Callable[[list[int]], list[int]], num_prefill: int,
-                           looked: dict[int, list[int]]) -> list[int]:
-        """_choose for a batch of many: plan first, look guesses up only if the plan wants
-        drafts (fills `looked`)."""
-        # While the policy says "no drafts", little it decides on moves but the batch:
-        # acceptance changes only through verifications and the n-gram checks made at each
-        # re-plan below, and longer contexts, shrinking caps and more requests only make drafts
-        # dearer. So an all-zero answer stands for up to REPLAN_STEPS steps while the batch is no
-        # smaller (and prefill or not is unchanged): the policy's ~0.1-0.3 ms per step was 1-3%
-        # of a decode step under load, where speculation is off anyway. Keying on the requests
-        # themselves re-planned at nearly every step of a busy server, where some request
-        # finishes and another joins every step (2.4 ms per step at concurrency 64, 5%).
-        # A small batch is keyed on its members too: a request that joins it is planned at
-        # once. Keyed on size alone, at concurrency 1 the last step of one request (no drafts
-        # left to allow) kept the next request at K = 0 for its first 8 steps, a quarter of a
-        # 32-token reply. A plan that allowed no drafts at all decides nothing and stands for
-        # nothing.
-        size, prefill = len(free_reqs), num_prefill > 0
-        members = frozenset(r.request_id for r in free_reqs) if size <= LOOKUP_FIRST_SEQS \
-            else None
-        idle = (self._idle_plan is not None and size >= self._idle_plan[0]
-                and (prefill, members) == self._idle_plan[1:]
-                and self._idle_steps < REPLAN_STEPS)
-        if idle:
-            self._idle_steps += 1
-            chosen = [0] * len(free)
-        else:
-            chosen = plan(limits)
-            self._idle_plan, self._idle_steps = ((size, prefill, members), 0) \
-                if not any(chosen) and any(limits) else (None, 0)
-        # Guesses that cost nothing (n-gram) are looked up when the policy wants drafts, and it
-        # plans again for the drafts that exist (a request with no match would be charged for
-        # drafts it cannot make); also on every re-plan of an all-zero answer, so that unused
-        # guesses are checked against the sampled token (_shadow) and the estimates keep moving
-        # while K = 0 (without that, a few early misses froze n-gram at K = 0 on json at
-        # concurrency 1, 0.83x static).
-        if not self.proposer.free_lookahead:
-            return chosen
-        if any(chosen):
-            found = self._look_up(free_reqs, limits)
-            looked.update(zip(free, found, strict=True))
-            chosen = plan([len(t) for t in found])
-            self._set_shadow(free_reqs, chosen, found)
-        elif self._idle_steps == 0:
-            # A fresh all-zero plan: check the first guesses of a rotating window of requests,
-            # so that the estimates keep moving at a bounded cost (looking up all 64 requests
-            # of a busy batch took ~1.5 ms).
-            n = len(free_reqs)
-            window = [(self._shadow_cursor + j) % n for j in range(min(n, LOOKUP_FIRST_SEQS))]
-            self._shadow_cursor += len(window)
-            some = [free_reqs[j] for j in window]
-            self._set_shadow(some, [0] * len(some), self._look_up(some, [1] * len(some)))
-        return chosen
-
-    def _look_up(self, reqs: list[Request], limits: list[int]) -> list[list[int]]:
-        k_max = self.spec_policy.request_k_max
-        return self.proposer.propose(reqs, [min(c, k_max(r)) for c, r in
-                                            zip(limits, reqs, strict=True)]).token_ids
-
-    def _set_shadow(self, reqs: list[Request], chosen: list[int], found: list[list[int]]
-                    ) -> None:
-        """Remember the first unused guess of each request, t[k] for a request that drafts k
-        of its guesses: after the step it is checked against the token the target emitted at
-        that position (when it got there), as a verification of one more draft."""
-        self._shadow = {r.request_id: t[k] for r, k, t in zip(reqs, chosen, found, strict=True)
-                        if len(t) > k}
 
     def _free_spec_state(self, req: Request) -> None:
         req.spec_token_ids, req.spec_probs = [], None

@@ -23,8 +23,8 @@ pol = e.spec_policy
 wrap(pol, "choose", "choose")
 wrap(pol.acceptance, "lower_estimates", "est")
 wrap(pol, "observe_step", "observe")
-wrap(e, "_look_up", "lookup")
-wrap(e, "_propose", "propose")
+wrap(e.planner, "_look_up", "lookup")  # e._look_up before session 37
+wrap(e.planner, "propose", "propose")  # e._propose before session 37
 orig=P.choose_num_speculative_tokens
 def g(*a, **k):
     t=time.perf_counter()

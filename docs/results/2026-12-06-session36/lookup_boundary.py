@@ -1,13 +1,14 @@
-"""Exploration, not landed: LOOKUP_FIRST_SEQS (llm_engine.py; up to that many requests, n-gram
-guesses are looked up and planned every step; above it, plan first and let an all-zero plan
-stand for up to REPLAN_STEPS steps) at 8 (main) and at 4, next to `off` and static K = 2, on one
+"""Exploration, not landed: LOOKUP_FIRST_SEQS (engine/spec_planner.py since session 37,
+llm_engine.py before; up to that many requests, n-gram guesses are looked up and planned every
+step; above it, plan first and let an all-zero plan stand for up to REPLAN_STEPS steps) at 8
+(main) and at 4, next to `off` and static K = 2, on one
 engine as session 34's overhead_split.py runs it: WORKLOAD at concurrency C, ROUNDS rounds of N
 prompts, the order rotated every round. Each adaptive variant keeps its own policy object.
 Per run: tok/s and the speculation work per step."""
 import os
 import statistics
 
-import specserve.engine.llm_engine as llm_engine
+import specserve.engine.spec_planner as spec_planner
 from specserve import LLM
 from specserve.bench.lab import prepare_workload, proposer_config, run_workload, warm_up
 from specserve.bench.sweep import parse_policy
@@ -27,8 +28,8 @@ rows: dict[str, list[tuple]] = {s: [] for s in SIDES}
 for r in range(ROUNDS):
     for side in SIDES[r % len(SIDES):] + SIDES[:r % len(SIDES)]:
         pol, _, boundary = side.partition("@")
-        llm_engine.LOOKUP_FIRST_SEQS = int(boundary or 8)
-        e._idle_plan = None
+        spec_planner.LOOKUP_FIRST_SEQS = int(boundary or 8)
+        e.planner.reset()
         if side in installed:
             e.spec_policy = installed[side]
         else:

@@ -1,0 +1,215 @@
+"""Which running requests draft how many tokens next step, and their guesses.
+
+After each step the engine asks its SpeculationPlanner to propose: the policy chooses K per
+decoding request (spec_decode/policy.py), the proposer guesses that many tokens
+(spec_decode/ngram.py, draft_model.py, eagle.py), and the guesses wait in each request's
+`spec_token_ids` for the next forward to verify. Planning and look-ups are ordered so that a
+step where nobody speculates costs next to nothing: with few requests a free proposer's guesses
+(n-gram) are looked up first and only the drafts that exist are planned; with many, the plan
+comes first and an all-zero plan stands for a few steps. A free proposer's first unused guess
+(the shadow) is checked against the token the target emitted, so acceptance estimates keep
+moving while K = 0.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from specserve.engine.request import Request
+from specserve.engine.scheduler import Scheduler
+from specserve.spec_decode.policy import SpecPolicy
+from specserve.spec_decode.proposer import Proposer
+
+if TYPE_CHECKING:
+    from specserve.engine.llm_engine import EngineStats
+
+REPLAN_STEPS = 8  # an all-zero speculation plan stands this many steps for the same batch
+LOOKUP_FIRST_SEQS = 8  # up to this many requests, free guesses are looked up before planning
+
+
+def draft_room(req: Request, max_model_len: int) -> int:
+    """The most drafts req can use: never guess past max_tokens or the context, where
+    those tokens could not be emitted."""
+    return max(min(req.max_tokens - req.num_output_tokens - 1,
+                   max_model_len - req.num_tokens - 1), 0)
+
+
+class SpeculationPlanner:
+    """Owns the state that outlives a step: the standing all-zero plan and the shadow guesses.
+    The engine keeps the policy (it may be switched at any time) and passes it in."""
+
+    def __init__(self, proposer: Proposer, scheduler: Scheduler, stats: EngineStats,
+                 max_model_len: int):
+        self.proposer = proposer
+        self.scheduler = scheduler
+        self.stats = stats  # EngineStats: draft_time accrues here
+        self.max_model_len = max_model_len
+        self.last_draft_time = 0.0  # seconds the last propose() spent guessing
+        self._idle_plan: tuple | None = None  # (size, prefill?, members) of an all-zero plan
+        self._idle_steps = 0
+        self._shadow: dict[str, int] = {}  # request id -> unused guess for the next token
+        self._shadow_cursor = 0  # where the next window of shadow look-ups starts
+
+    def reset(self) -> None:
+        """Forget the standing plan and the shadow guesses (the policy was switched)."""
+        self._idle_plan, self._shadow = None, {}
+
+    def take_shadow(self) -> dict[str, int]:
+        """The shadow guesses made for the step that just ran, handed over once."""
+        shadow, self._shadow = self._shadow, {}
+        return shadow
+
+    def propose(self, policy: SpecPolicy) -> None:
+        """Choose K per decoding request (the policy) and guess that many tokens: each
+        request's `spec_token_ids` (and `spec_probs`) for the next step."""
+        reqs, caps, forced = [], [], []
+        for req in self.scheduler.running:
+            if req.num_computed_tokens != req.num_tokens - 1:
+                continue  # still in prefill
+            if req.spec_token_ids:
+                continue  # not scheduled this step (token budget): its guesses still wait
+            reqs.append(req)
+            caps.append(draft_room(req, self.max_model_len))
+            forced.append(req.params.speculation_policy)
+        if not reqs:
+            return
+        # Under an engine-wide `off`, the requests the engine decides for get K = 0 without a
+        # plan or a look-up: rag's n-gram look-ups (indexing each new 2,500-token prompt) cost
+        # `off` 1.2 ms of a 66 ms step at concurrency 64, work that no estimate used.
+        free = [] if policy.name == "off" else [i for i, f in enumerate(forced)
+                                                 if f in (None, "adaptive")]
+        ks = [0 if f == "off" else policy.request_k_max(r) if f == "static" else 0
+              for r, f in zip(reqs, forced, strict=True)]
+        t0 = time.perf_counter()
+        looked: dict[int, list[int]] = {}  # request index -> guesses already looked up
+        if free:
+            looked = self._choose(policy, reqs, free, ks, caps)
+        ks = [min(k, cap) for k, cap in zip(ks, caps, strict=True)]
+        policy.record_choice(ks)
+        if not any(ks):
+            return  # zero overhead when nobody speculates: no draft forward at all
+        rest = [i for i in range(len(reqs)) if i not in looked]
+        token_ids = [looked[i][:k] if i in looked else [] for i, k in enumerate(ks)]
+        probs = None
+        if any(ks[i] for i in rest):
+            proposal = self.proposer.propose([reqs[i] for i in rest], [ks[i] for i in rest])
+            probs = proposal.probs
+            for i, tokens in zip(rest, proposal.token_ids, strict=True):
+                token_ids[i] = tokens
+        self.last_draft_time = time.perf_counter() - t0
+        self.stats.draft_time += self.last_draft_time
+        row = 0
+        for req, tokens in zip(reqs, token_ids, strict=True):
+            req.spec_token_ids, req.spec_from_grammar = tokens, False
+            if probs is not None and tokens:
+                req.spec_probs = probs[row:row + len(tokens)]
+                row += len(tokens)
+
+    def _choose(self, policy: SpecPolicy, reqs: list[Request], free: list[int],
+                ks: list[int], caps: list[int]) -> dict[int, list[int]]:
+        """The policy's K for reqs[i], i in free, written into ks. Returns the guesses already
+        looked up (index -> tokens) for a proposer whose guesses cost nothing (n-gram)."""
+        # The next step also carries the requests drafting what their grammar forces.
+        num_base = len(reqs) + sum(ks) + sum(1 + len(r.spec_token_ids)
+                                             for r in self.scheduler.running
+                                             if r.spec_from_grammar and r.spec_token_ids)
+        num_prefill = self.scheduler.pending_prefill_tokens(num_base)
+        free_reqs = [reqs[i] for i in free]
+
+        def plan(limits: list[int]) -> list[int]:
+            catch_up = [self.proposer.catch_up_tokens(r) for r in free_reqs]
+            return policy.choose(free_reqs, len(self.scheduler.running), num_base + num_prefill,
+                                 catch_up, num_prefill, limits)
+
+        limits = [caps[i] for i in free]
+        looked: dict[int, list[int]] = {}
+        if self.proposer.free_lookahead and len(free) <= LOOKUP_FIRST_SEQS:
+            # Few requests: their guesses (n-gram, ~3-25 us each) cost less than a plan, so look
+            # first and plan only for the drafts that exist. A step where nobody has a guess
+            # needs no plan at all (half the steps of json at concurrency 1), and every unused
+            # guess is checked, so the estimates move on every step: after a workload with
+            # poor acceptance the controller caught up on json at concurrency 1 only every
+            # REPLAN_STEPS steps and trailed static K = 4 by 6%.
+            found = self._look_up(policy, free_reqs, limits)
+            looked = dict(zip(free, found, strict=True))
+            chosen = plan([len(t) for t in found]) if any(found) else [0] * len(free)
+            self._idle_plan = None
+            self._set_shadow(free_reqs, chosen, found)
+        else:
+            chosen = self._plan_then_look_up(policy, free_reqs, free, limits, plan, num_prefill,
+                                             looked)
+        for i, k in zip(free, chosen, strict=True):
+            ks[i] = k
+        return looked
+
+    def _plan_then_look_up(self, policy: SpecPolicy, free_reqs: list[Request], free: list[int],
+                           limits: list[int], plan: Callable[[list[int]], list[int]],
+                           num_prefill: int, looked: dict[int, list[int]]) -> list[int]:
+        """_choose for a batch of many: plan first, look guesses up only if the plan wants
+        drafts (fills `looked`)."""
+        # While the policy says "no drafts", little it decides on moves but the batch:
+        # acceptance changes only through verifications and the n-gram checks made at each
+        # re-plan below, and longer contexts, shrinking caps and more requests only make drafts
+        # dearer. So an all-zero answer stands for up to REPLAN_STEPS steps while the batch is no
+        # smaller (and prefill or not is unchanged): the policy's ~0.1-0.3 ms per step was 1-3%
+        # of a decode step under load, where speculation is off anyway. Keying on the requests
+        # themselves re-planned at nearly every step of a busy server, where some request
+        # finishes and another joins every step (2.4 ms per step at concurrency 64, 5%).
+        # A small batch is keyed on its members too: a request that joins it is planned at
+        # once. Keyed on size alone, at concurrency 1 the last step of one request (no drafts
+        # left to allow) kept the next request at K = 0 for its first 8 steps, a quarter of a
+        # 32-token reply. A plan that allowed no drafts at all decides nothing and stands for
+        # nothing.
+        size, prefill = len(free_reqs), num_prefill > 0
+        members = frozenset(r.request_id for r in free_reqs) if size <= LOOKUP_FIRST_SEQS \
+            else None
+        idle = (self._idle_plan is not None and size >= self._idle_plan[0]
+                and (prefill, members) == self._idle_plan[1:]
+                and self._idle_steps < REPLAN_STEPS)
+        if idle:
+            self._idle_steps += 1
+            chosen = [0] * len(free)
+        else:
+            chosen = plan(limits)
+            self._idle_plan, self._idle_steps = ((size, prefill, members), 0) \
+                if not any(chosen) and any(limits) else (None, 0)
+        # Guesses that cost nothing (n-gram) are looked up when the policy wants drafts, and it
+        # plans again for the drafts that exist (a request with no match would be charged for
+        # drafts it cannot make); also on every re-plan of an all-zero answer, so that unused
+        # guesses are checked against the sampled token (_shadow) and the estimates keep moving
+        # while K = 0 (without that, a few early misses froze n-gram at K = 0 on json at
+        # concurrency 1, 0.83x static).
+        if not self.proposer.free_lookahead:
+            return chosen
+        if any(chosen):
+            found = self._look_up(policy, free_reqs, limits)
+            looked.update(zip(free, found, strict=True))
+            chosen = plan([len(t) for t in found])
+            self._set_shadow(free_reqs, chosen, found)
+        elif self._idle_steps == 0:
+            # A fresh all-zero plan: check the first guesses of a rotating window of requests,
+            # so that the estimates keep moving at a bounded cost (looking up all 64 requests
+            # of a busy batch took ~1.5 ms).
+            n = len(free_reqs)
+            window = [(self._shadow_cursor + j) % n for j in range(min(n, LOOKUP_FIRST_SEQS))]
+            self._shadow_cursor += len(window)
+            some = [free_reqs[j] for j in window]
+            self._set_shadow(some, [0] * len(some),
+                             self._look_up(policy, some, [1] * len(some)))
+        return chosen
+
+    def _look_up(self, policy: SpecPolicy, reqs: list[Request], limits: list[int]
+                  ) -> list[list[int]]:
+        k_max = policy.request_k_max
+        return self.proposer.propose(reqs, [min(c, k_max(r)) for c, r in
+                                            zip(limits, reqs, strict=True)]).token_ids
+
+    def _set_shadow(self, reqs: list[Request], chosen: list[int], found: list[list[int]]
+                    ) -> None:
+        """Remember the first unused guess of each request, t[k] for a request that drafts k
+        of its guesses: after the step it is checked against the token the target emitted at
+        that position (when it got there), as a verification of one more draft."""
+        self._shadow = {r.request_id: t[k] for r, k, t in zip(reqs, chosen, found, strict=True)
+                        if len(t) > k}
