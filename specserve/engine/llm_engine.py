@@ -125,8 +125,10 @@ class LLMEngine:
                     num_blocks * cache.block_size // 1024)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
-        self.planner = SpeculationPlanner(self.proposer, self.scheduler, self.stats,
-                                          self.max_model_len) if self.proposer else None
+        # Exists exactly when a proposer does.
+        self.planner: SpeculationPlanner | None = SpeculationPlanner(
+            self.proposer, self.scheduler, self.stats, self.max_model_len) \
+            if self.proposer is not None else None
         self.profile_time = 0.0  # start-up profile of the cost model (seconds)
         self._cost_models = None
         self.spec_policy = self._build_policy(config.speculation_policy)
@@ -342,7 +344,6 @@ class LLMEngine:
                                           self.planner.last_draft_time, runs,
                                           sched.total_num_tokens - len(logits_indices))
             self.proposer.last_forwards = []
-            self.planner.last_draft_time = 0.0
             self.planner.propose(self.spec_policy)
             self.stats.spec_time += time.perf_counter() - t_spec
         self.stats.num_steps += 1

@@ -3,12 +3,14 @@
 After each step the engine asks its SpeculationPlanner to propose: the policy chooses K per
 decoding request (spec_decode/policy.py), the proposer guesses that many tokens
 (spec_decode/ngram.py, draft_model.py, eagle.py), and the guesses wait in each request's
-`spec_token_ids` for the next forward to verify. Planning and look-ups are ordered so that a
-step where nobody speculates costs next to nothing: with few requests a free proposer's guesses
-(n-gram) are looked up first and only the drafts that exist are planned; with many, the plan
-comes first and an all-zero plan stands for a few steps. A free proposer's first unused guess
-(the shadow) is checked against the token the target emitted, so acceptance estimates keep
-moving while K = 0.
+`spec_token_ids` for the next forward to verify. Requests whose own policy is `static` or
+`off`, and every request under an engine-wide `off`, get their K without a plan. Planning and
+look-ups are ordered so that a step where nobody speculates costs next to nothing: with few
+requests a free proposer's guesses (n-gram) are looked up first and only the drafts that exist
+are planned; with many, the plan comes first and an all-zero plan stands for a few steps. The
+first guess a free proposer made but the plan did not use (the shadow, position K + 1) is kept
+for LLMEngine.step, which checks it against the token the target emitted there: acceptance
+estimates keep moving even while K = 0.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from specserve.engine.scheduler import Scheduler
 from specserve.spec_decode.policy import SpecPolicy
 from specserve.spec_decode.proposer import Proposer
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # llm_engine imports this module
     from specserve.engine.llm_engine import EngineStats
 
 REPLAN_STEPS = 8  # an all-zero speculation plan stands this many steps for the same batch
@@ -37,8 +39,10 @@ def draft_room(req: Request, max_model_len: int) -> int:
 
 
 class SpeculationPlanner:
-    """Owns the state that outlives a step: the standing all-zero plan and the shadow guesses.
-    The engine keeps the policy (it may be switched at any time) and passes it in."""
+    """Owns the state that outlives a step: the standing all-zero plan, the shadow guesses and
+    where the next window of shadow look-ups starts, and the last proposal's time (for the
+    policy's online cost model). The engine keeps the policy (it may be switched at any time)
+    and passes it in."""
 
     def __init__(self, proposer: Proposer, scheduler: Scheduler, stats: EngineStats,
                  max_model_len: int):
@@ -46,8 +50,11 @@ class SpeculationPlanner:
         self.scheduler = scheduler
         self.stats = stats  # EngineStats: draft_time accrues here
         self.max_model_len = max_model_len
-        self.last_draft_time = 0.0  # seconds the last propose() spent guessing
-        self._idle_plan: tuple | None = None  # (size, prefill?, members) of an all-zero plan
+        # Seconds the last propose() spent planning and guessing, when some request drafted
+        # (0 otherwise): the draft forwards' time the policy checks its draft cost model with.
+        self.last_draft_time = 0.0
+        # (size, prefill?, members or None) of the standing all-zero plan
+        self._idle_plan: tuple[int, bool, frozenset[str] | None] | None = None
         self._idle_steps = 0
         self._shadow: dict[str, int] = {}  # request id -> unused guess for the next token
         self._shadow_cursor = 0  # where the next window of shadow look-ups starts
@@ -64,6 +71,7 @@ class SpeculationPlanner:
     def propose(self, policy: SpecPolicy) -> None:
         """Choose K per decoding request (the policy) and guess that many tokens: each
         request's `spec_token_ids` (and `spec_probs`) for the next step."""
+        self.last_draft_time = 0.0
         reqs, caps, forced = [], [], []
         for req in self.scheduler.running:
             if req.num_computed_tokens != req.num_tokens - 1:
@@ -202,6 +210,7 @@ class SpeculationPlanner:
 
     def _look_up(self, policy: SpecPolicy, reqs: list[Request], limits: list[int]
                   ) -> list[list[int]]:
+        """The proposer's guesses for reqs, at most limits[i] (and the request's K_max) each."""
         k_max = policy.request_k_max
         return self.proposer.propose(reqs, [min(c, k_max(r)) for c, r in
                                             zip(limits, reqs, strict=True)]).token_ids

@@ -1,10 +1,10 @@
 """Exploration, not landed: LOOKUP_FIRST_SEQS (engine/spec_planner.py since session 37,
 llm_engine.py before; up to that many requests, n-gram guesses are looked up and planned every
 step; above it, plan first and let an all-zero plan stand for up to REPLAN_STEPS steps) at 8
-(main) and at 4, next to `off` and static K = 2, on one
-engine as session 34's overhead_split.py runs it: WORKLOAD at concurrency C, ROUNDS rounds of N
-prompts, the order rotated every round. Each adaptive variant keeps its own policy object.
-Per run: tok/s and the speculation work per step."""
+(main) and at 4, next to `off` and static K = 2, on one engine as session 34's overhead_split.py
+runs it: WORKLOAD at concurrency C, ROUNDS rounds of N prompts, the order rotated every round.
+Each adaptive variant keeps its own policy object. Per run: tok/s and the speculation work per
+step."""
 import os
 import statistics
 
