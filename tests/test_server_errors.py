@@ -1,5 +1,5 @@
 """The live server refusing what it should: malformed requests (a 4xx with an OpenAI error body,
-never a 500), a missing or wrong API key, overload past --max-queue; and SIGTERM.
+never a 500), a missing or wrong API key, overload past --max-queue; and SIGTERM (busy, and idle).
 
 One small server with the flags these need (an API key, room for 2 running + 2 waiting requests,
 a served model name of its own), separate from test_server.py's."""
@@ -7,7 +7,9 @@ a served model name of its own), separate from test_server.py's."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -227,3 +229,21 @@ def test_sigterm_drains_then_exits_zero(server: LiveServer):
     # ...then the process stopped cleanly and promptly.
     assert server.proc.wait(timeout=15) == 0, server.output()
     assert time.monotonic() - t0 < 15
+
+
+def test_sigterm_to_any_thread_stops_an_idle_server():
+    """Python runs signal handlers only in the main thread, the engine loop's in `specserve
+    serve`, and the kernel may hand a process's SIGTERM to any of its threads. Sent to another
+    thread while the engine sleeps for want of work, it must still stop the server (it was
+    ignored until the next request came)."""
+    tgkill = getattr(ctypes.CDLL(None), "tgkill", None)  # glibc >= 2.30
+    if tgkill is None or not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs Linux's /proc and glibc's tgkill")
+    live = LiveServer(*MODEL_FLAGS)
+    try:
+        pid = live.proc.pid
+        others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+        assert tgkill(pid, others[-1], signal.SIGTERM) == 0
+        assert live.proc.wait(timeout=15) == 0, live.output()
+    finally:
+        live.stop()

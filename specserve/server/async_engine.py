@@ -25,6 +25,13 @@ from specserve.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+# An idle engine loop wakes this often even with nothing to do. In `specserve serve` the loop is
+# the process's main thread, the only one where Python runs signal handlers, and a SIGTERM the
+# kernel hands to another thread (the HTTP thread, torch's or the tokenizer's pools) interrupts
+# no wait of the main thread: its handler then waited for the next request, and an idle server
+# ignored SIGTERM for good.
+IDLE_WAKE_S = 0.5
+
 # Called on the event loop for every output as it is delivered, with the seconds since that
 # request's previous delivery (None for its first); used for latency metrics. It runs there, not
 # on the engine thread, because every microsecond on the engine thread between forwards is a
@@ -377,9 +384,9 @@ class AsyncEngine:
     def _take_commands(self) -> list[_Add | _Abort | _Stop]:
         inbox = self._inbox
         with inbox.cond:
-            # Sleep (no polling) while there is neither a command nor a request to step.
+            # Sleep while there is neither a command nor a request to step (IDLE_WAKE_S).
             while not inbox.commands and not self.engine.has_unfinished_requests():
-                inbox.cond.wait()
+                inbox.cond.wait(IDLE_WAKE_S)
             commands, inbox.commands = inbox.commands, []
         return commands
 
