@@ -2,7 +2,8 @@
 never a 500), a missing or wrong API key, overload past --max-queue; and SIGTERM (busy, and idle).
 
 One small server with the flags these need (an API key, room for 2 running + 2 waiting requests,
-a served model name of its own), separate from test_server.py's."""
+a served model name of its own), separate from test_server.py's; the idle-SIGTERM test starts
+one more."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import ctypes
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 
@@ -233,17 +235,35 @@ def test_sigterm_drains_then_exits_zero(server: LiveServer):
 
 def test_sigterm_to_any_thread_stops_an_idle_server():
     """Python runs signal handlers only in the main thread, the engine loop's in `specserve
-    serve`, and the kernel may hand a process's SIGTERM to any of its threads. Sent to another
-    thread while the engine sleeps for want of work, it must still stop the server (it was
+    serve`, and a signal may be delivered to any thread that does not block it. Sent to another
+    thread while the engine sleeps for want of work, SIGTERM must still stop the server (it was
     ignored until the next request came)."""
-    tgkill = getattr(ctypes.CDLL(None), "tgkill", None)  # glibc >= 2.30
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)  # glibc >= 2.30
     if tgkill is None or not os.path.isdir("/proc/self/task"):
         pytest.skip("needs Linux's /proc and glibc's tgkill")
     live = LiveServer(*MODEL_FLAGS)
     try:
         pid = live.proc.pid
-        others = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
-        assert tgkill(pid, others[-1], signal.SIGTERM) == 0
-        assert live.proc.wait(timeout=15) == 0, live.output()
+        # A thread that takes SIGTERM (one that blocks it would keep it pending forever).
+        takers = [tid for tid in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+                  if tid != pid and not _blocks(pid, tid, signal.SIGTERM)]
+        assert takers, "every thread but the main one blocks SIGTERM"
+        assert tgkill(pid, takers[-1], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+        try:  # before the fix it never exited; after it, within the idle wait's 0.5 s
+            rc = live.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still serving 15 s after SIGTERM:\n{live.output()}")
+        assert rc == 0, live.output()
     finally:
         live.stop()
+
+
+def _blocks(pid: int, tid: int, sig: int) -> bool:
+    """Whether thread tid of process pid blocks sig (its SigBlk mask in /proc); a thread that
+    has exited meanwhile counts as blocking (it cannot take the signal)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigBlk:"))
+    except FileNotFoundError:
+        return True
+    return bool(mask >> (sig - 1) & 1)

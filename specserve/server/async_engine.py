@@ -26,8 +26,8 @@ from specserve.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 # An idle engine loop wakes this often even with nothing to do. In `specserve serve` the loop is
-# the process's main thread, the only one where Python runs signal handlers, and a SIGTERM the
-# kernel hands to another thread (the HTTP thread, torch's or the tokenizer's pools) interrupts
+# the process's main thread, the only one where Python runs signal handlers, and a SIGTERM
+# delivered to another of the process's threads (the HTTP thread, torch's pool, ...) interrupts
 # no wait of the main thread: its handler then waited for the next request, and an idle server
 # ignored SIGTERM for good.
 IDLE_WAKE_S = 0.5
