@@ -1,9 +1,10 @@
 """The live server refusing what it should: malformed requests (a 4xx with an OpenAI error body,
-never a 500), a missing or wrong API key, overload past --max-queue; and SIGTERM (busy, and idle).
+never a 500), a missing or wrong API key, overload past --max-queue; SIGTERM (busy, and idle) and
+a second Ctrl-C.
 
 One small server with the flags these need (an API key, room for 2 running + 2 waiting requests,
-a served model name of its own), separate from test_server.py's; the idle-SIGTERM test starts
-one more."""
+a served model name of its own), separate from test_server.py's; the idle-SIGTERM and Ctrl-C
+tests start one each."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from test_server import MODEL_FLAGS, LiveServer, kv_pool_is_free, wait_until
+from test_server import MODEL, MODEL_FLAGS, LiveServer, kv_pool_is_free, wait_until
 
 KEY = "sk-test-key"
 NAME = "tiny"
@@ -267,3 +268,27 @@ def _blocks(pid: int, tid: int, sig: int) -> bool:
     except FileNotFoundError:
         return True
     return bool(mask >> (sig - 1) & 1)
+
+
+def test_a_second_ctrl_c_stops_waiting_for_open_responses():
+    """The first SIGINT lets open responses finish (up to --shutdown-timeout, a minute here);
+    a second one aborts them and exits at once, as uvicorn does on its own."""
+    live = LiveServer(*MODEL_FLAGS, "--shutdown-timeout", "60")
+    try:
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 1000, "ignore_eos": True,
+                "temperature": 0, "stream": True}
+        with httpx.stream("POST", f"{live.url}/v1/completions", json=body, timeout=90) as resp:
+            assert resp.status_code == 200, resp.read()
+            lines = resp.iter_lines()
+            next(line for line in lines if line)  # the stream has started
+            live.proc.send_signal(signal.SIGINT)
+            time.sleep(1.0)
+            assert live.proc.poll() is None  # draining: the response is still open
+            live.proc.send_signal(signal.SIGINT)
+            try:
+                rc = live.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"still draining 20 s after a second SIGINT:\n{live.output()}")
+        assert rc == 0, live.output()
+    finally:
+        live.stop()

@@ -144,8 +144,9 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
 def run_server(args: argparse.Namespace) -> None:
     """The engine loop runs in this (main) thread, where torch's matmuls are fastest (see
     AsyncEngine); uvicorn serves HTTP from a background thread. SIGTERM/SIGINT ask uvicorn for
-    its graceful stop: stop accepting, let open responses finish (up to --shutdown-timeout),
-    lifespan shutdown (aborts the rest), which ends the engine loop; then we exit 0."""
+    its graceful stop: stop accepting, let open responses finish (up to --shutdown-timeout, or
+    until a second SIGINT), lifespan shutdown (aborts the rest), which ends the engine loop; then
+    we exit 0."""
     from specserve.cli import engine_kwargs
     from specserve.llm import build_engine_config
 
@@ -163,7 +164,11 @@ def run_server(args: argparse.Namespace) -> None:
     server = uvicorn.Server(config)
     http = threading.Thread(target=server.run, name="specserve-http", daemon=True)
 
-    def stop(*_) -> None:
+    def stop(sig: int, _frame) -> None:
+        # A second Ctrl-C stops waiting for open responses (the engine then aborts them), as
+        # uvicorn's own handler does; SIGTERM always waits up to --shutdown-timeout.
+        if server.should_exit and sig == signal.SIGINT:
+            server.force_exit = True
         server.should_exit = True
 
     for sig in (signal.SIGINT, signal.SIGTERM):
