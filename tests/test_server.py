@@ -75,14 +75,21 @@ class LiveServer:
         return samples
 
     def stop(self) -> None:
+        """SIGTERM, as a process manager stops a server. One still up 15 s later is killed and
+        fails the test: a server that ignores SIGTERM is a bug, not something to clean up."""
+        ignored = False
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
+                ignored = True
                 self.proc.kill()
                 self.proc.wait()
+        output = self.output() if ignored else ""
         self.log.close()
+        if ignored:
+            pytest.fail(f"the server was still up 15 s after SIGTERM:\n{output}")
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
