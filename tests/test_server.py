@@ -5,8 +5,10 @@ offline engine (greedy, fp32: the texts must be identical)."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -382,3 +384,37 @@ def test_metrics_parse_and_move(server: LiveServer, client: openai.OpenAI):
                  "vllm:e2e_request_latency_seconds_count"):
         assert after[f"{name}{{}}"] > before.get(f"{name}{{}}", 0), name
     assert after["vllm:generation_tokens_total{}"] - before["vllm:generation_tokens_total{}"] == 5
+
+
+# ---- shutdown (last: it stops this module's server) ------------------------------------------
+def test_sigterm_to_any_thread_stops_an_idle_server(server: LiveServer):
+    """Python runs signal handlers only in the main thread, the engine loop's in `specserve
+    serve`, and a signal may be delivered to any thread that does not block it. Sent to another
+    thread while the engine sleeps for want of work, SIGTERM must still stop the server (it was
+    ignored until the next request came)."""
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)  # glibc >= 2.30
+    if tgkill is None or not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs Linux's /proc and glibc's tgkill")
+    assert wait_until(lambda: kv_pool_is_free(server)), server.stats()  # idle
+    pid = server.proc.pid
+    # A thread that takes SIGTERM (one that blocks it would keep it pending forever).
+    takers = [tid for tid in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+              if tid != pid and not _blocks(pid, tid, signal.SIGTERM)]
+    assert takers, "every thread but the main one blocks SIGTERM"
+    assert tgkill(pid, takers[-1], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+    try:  # before the fix it never exited; after it, within the idle wait's 0.5 s
+        rc = server.proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still serving 15 s after SIGTERM:\n{server.output()}")
+    assert rc == 0, server.output()
+
+
+def _blocks(pid: int, tid: int, sig: int) -> bool:
+    """Whether thread tid of process pid blocks sig (its SigBlk mask in /proc); a thread that
+    has exited meanwhile counts as blocking (it cannot take the signal)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigBlk:"))
+    except FileNotFoundError:
+        return True
+    return bool(mask >> (sig - 1) & 1)
