@@ -76,6 +76,14 @@ class LiveServer:
                 samples[f"{s.name}{{{labels}}}"] = s.value
         return samples
 
+    def exit_code(self, timeout: float, after: str) -> int:
+        """The server's exit code, waiting up to timeout seconds; a server still up then fails
+        the test with its log (`after`: what it was sent)."""
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still serving {timeout:.0f} s after {after}:\n{self.output()}")
+
     def stop(self) -> None:
         """SIGTERM, as a process manager stops a server. One still up 15 s later is killed and
         fails the test: a server that ignores SIGTERM is a bug, not something to clean up."""
@@ -402,11 +410,8 @@ def test_sigterm_to_any_thread_stops_an_idle_server(server: LiveServer):
               if tid != pid and not _blocks(pid, tid, signal.SIGTERM)]
     assert takers, "every thread but the main one blocks SIGTERM"
     assert tgkill(pid, takers[-1], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
-    try:  # before the fix it never exited; after it, within the idle wait's 0.5 s
-        rc = server.proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still serving 15 s after SIGTERM:\n{server.output()}")
-    assert rc == 0, server.output()
+    # Before the fix it never exited; after it, within the idle wait's 0.5 s.
+    assert server.exit_code(15, "SIGTERM") == 0, server.output()
 
 
 def _blocks(pid: int, tid: int, sig: int) -> bool:
