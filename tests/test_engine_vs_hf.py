@@ -14,7 +14,7 @@ NEW_TOKENS = 64
 def hf_reference(llm, hf_model):
     tok = llm.get_tokenizer()
     prompts = [tok(p, add_special_tokens=False).input_ids for p in PROMPTS]
-    return prompts, [hf_greedy(hf_model, p, NEW_TOKENS) for p in prompts]
+    return prompts, hf_greedy(hf_model, prompts, NEW_TOKENS)
 
 
 def test_each_prompt_alone_matches_hf(llm, hf_reference):
