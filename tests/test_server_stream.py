@@ -1,17 +1,18 @@
 """The server's streaming hot path: the per-token chunk template and the OutputStream hand-off
-(without a model), and the engine thread's stream interval (with one)."""
+(without a model), and the engine thread's stream interval and lifetime (with one)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from types import SimpleNamespace
 
 import pytest
 
 from specserve import SamplingParams
 from specserve.outputs import CompletionOutput, RequestOutput
-from specserve.server.async_engine import AsyncEngine, OutputStream
+from specserve.server.async_engine import IDLE_WAKE_S, AsyncEngine, OutputStream
 from specserve.server.protocol import (
     ChatCompletionChunk,
     ChatStreamChoice,
@@ -113,3 +114,30 @@ def test_stream_interval_holds_outputs_back_and_loses_nothing(llm, interval):
 def test_stream_interval_must_be_positive(llm):
     with pytest.raises(ValueError, match="stream_interval"):
         AsyncEngine(llm.engine, stream_interval=0)
+
+
+def test_the_engine_loop_stops_once_the_http_thread_is_gone(llm):
+    """`specserve serve` runs the engine loop in the main thread and HTTP in another. An idle
+    loop keeps waiting while the HTTP thread lives, and returns once it is gone, so that a dead
+    HTTP thread ends the process instead of leaving one that looks up and serves nothing."""
+    engine = AsyncEngine(llm.engine, own_thread=False)
+    http_alive = threading.Event()
+    http_alive.set()
+    loop = asyncio.new_event_loop()
+    loop.call_soon(engine.start)
+    http = threading.Thread(target=loop.run_forever, daemon=True)
+    http.start()
+    engine_loop = threading.Thread(target=engine.run_in_current_thread,
+                                   kwargs={"is_alive": http_alive.is_set}, daemon=True)
+    engine_loop.start()
+    try:
+        engine_loop.join(timeout=3 * IDLE_WAKE_S)
+        assert engine_loop.is_alive()  # idle, with HTTP up: still serving
+        http_alive.clear()
+        engine_loop.join(timeout=10)
+        assert not engine_loop.is_alive()
+        assert not engine.accepting
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        http.join(timeout=10)
+        loop.close()

@@ -179,6 +179,8 @@ def run_server(args: argparse.Namespace) -> None:
     http.join(timeout=args.shutdown_timeout + 10)
     if not server.started:
         sys.exit("specserve: error: the HTTP server did not start (is the port in use?)")
+    if not server.should_exit:  # no signal asked for the stop: the HTTP thread died
+        sys.exit("specserve: error: the HTTP server stopped unexpectedly (see the log above)")
 
 
 def freeze_startup_heap() -> None:

@@ -195,6 +195,7 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
         self._started = threading.Event()  # the event loop is known: the engine loop may run
         self._finished = threading.Event()  # the engine loop has returned
+        self._peer_alive = lambda: True  # run_in_current_thread: whether the HTTP thread lives
         self._loop: asyncio.AbstractEventLoop | None = None
         self._routes: dict[str, _Route] = {}  # engine thread only
         self._num_in_flight = 0  # event loop only: engine requests accepted and not finished
@@ -218,7 +219,10 @@ class AsyncEngine:
 
     def run_in_current_thread(self, is_alive=lambda: True) -> None:
         """Run the engine loop here until shutdown. Waits for `start()` first, giving up if
-        `is_alive()` (the HTTP thread) turns False before that."""
+        `is_alive()` (the HTTP thread) turns False before that, and stops once idle if it
+        turns False later: an HTTP thread that died without its lifespan shutdown (which sends
+        the stop) would otherwise leave a process that looks up and serves nothing."""
+        self._peer_alive = is_alive
         while not self._started.wait(0.1):
             if not is_alive():
                 return
@@ -384,9 +388,12 @@ class AsyncEngine:
     def _take_commands(self) -> list[_Add | _Abort | _Stop]:
         inbox = self._inbox
         with inbox.cond:
-            # Sleep while there is neither a command nor a request to step (IDLE_WAKE_S).
+            # Sleep while there is neither a command nor a request to step, waking every
+            # IDLE_WAKE_S to run signal handlers and to notice a dead HTTP thread.
             while not inbox.commands and not self.engine.has_unfinished_requests():
-                inbox.cond.wait(IDLE_WAKE_S)
+                if not inbox.cond.wait(IDLE_WAKE_S) and not self._peer_alive():
+                    logger.error("the HTTP thread is gone; stopping the engine loop")
+                    return [_Stop()]
             commands, inbox.commands = inbox.commands, []
         return commands
 
