@@ -10,6 +10,7 @@ from rich.progress import MofNCompleteColumn, Progress
 
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from specserve.engine.llm_engine import LLMEngine
+from specserve.engine.prompts import encode_chat
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
 
@@ -76,11 +77,17 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None, *, use_tqdm: bool = False,
-             ) -> list[RequestOutput]:
+             add_generation_prompt: bool = True, continue_final_message: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"}) or a list of conversations, rendered
-        with the model's chat template."""
+        with the model's chat template as the server renders it (vLLM's options: the
+        assistant's header, or the last assistant message left open to be continued; the
+        template's own variables)."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.engine.apply_chat_template(c) for c in convs]
+        prompts = [encode_chat(self.engine.tokenizer, c,
+                               add_generation_prompt=add_generation_prompt,
+                               continue_final_message=continue_final_message,
+                               template_kwargs=chat_template_kwargs) for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def generate_stream(self, prompt: str | list[int], sampling_params: SamplingParams | None = None

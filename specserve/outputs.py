@@ -28,6 +28,8 @@ class RequestMetrics:
     num_preemptions: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # When the scheduler first admitted the request (queue time ends, prefill starts).
+    scheduled_time: float | None = None
 
     @property
     def ttft(self) -> float | None:

@@ -106,10 +106,14 @@ def test_eagle_is_lossless_in_a_mixed_batch(trained):
     assert stats["num_accepted_tokens"] > 0  # the head learned something it can use
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
     assert not spec.engine.proposer.seqs  # every request's features and blocks were freed
-    # Random requests run through rejection sampling with the head's probabilities.
-    outs = spec.generate(prompts, SamplingParams(temperature=0.8, max_tokens=6, seed=1))
+    # Random requests run through rejection sampling with the head's probabilities (unseeded:
+    # a seeded sampled request drafts nothing).
+    torch.manual_seed(1)
+    drafted = stats["num_draft_tokens"]
+    outs = spec.generate(prompts, SamplingParams(temperature=0.8, max_tokens=6))
     assert all(len(o.outputs[0].token_ids) == 6 or o.outputs[0].finish_reason == "stop"
                for o in outs)
+    assert spec.get_stats()["num_draft_tokens"] > drafted
 
 
 def test_eagle_runs_in_bf16_with_packed_weights(trained):

@@ -165,6 +165,26 @@ def test_stop_strings_stop_tokens_eos_and_logprobs(llm):
                                                          strict=True))
 
 
+def test_chat_options_render_as_the_template_does(llm):
+    """LLM.chat renders as the server does: vLLM's continue_final_message leaves the assistant's
+    last message open (the reply continues it), and OpenAI's developer role is the system role
+    for a template that predates it (SmolLM2's ChatML would print it as an unknown role)."""
+    tok = llm.engine.tokenizer
+    params = SamplingParams(temperature=0, max_tokens=4)
+    opened = [{"role": "user", "content": "Count to five"},
+              {"role": "assistant", "content": "1, 2,"}]
+    out = llm.chat(opened, params, add_generation_prompt=False, continue_final_message=True)[0]
+    want = tok.apply_chat_template(opened, tokenize=False, continue_final_message=True)
+    assert out.prompt_token_ids == tok(want, add_special_tokens=False).input_ids
+    assert tok.decode(out.prompt_token_ids).endswith("1, 2,")
+    with pytest.raises(ValueError, match="add_generation_prompt"):
+        llm.chat(opened, params, continue_final_message=True)
+    hello = [{"role": "user", "content": "Say hello."}]
+    system = llm.chat([{"role": "system", "content": "Be brief."}, *hello], params)[0]
+    developer = llm.chat([{"role": "developer", "content": "Be brief."}, *hello], params)[0]
+    assert developer.prompt_token_ids == system.prompt_token_ids
+
+
 def test_min_tokens_keeps_stops_from_being_sampled(llm):
     """vLLM's min_tokens: until the output has that many tokens, no stop token (EOS included)
     is sampled and no stop string ends it; the tokens before the first would-be stop are the

@@ -73,26 +73,72 @@ def test_min_tokens_under_speculation_matches_plain_decoding(llm, spec_llm):
 
 def test_stop_inside_an_accepted_draft(llm):
     """A stop token or stop string met in the middle of accepted draft tokens ends the output
-    exactly where plain decoding ends it; later accepted tokens are dropped. Static K: the test
-    needs drafts, whatever the controller would judge them worth on this machine."""
+    exactly where plain decoding ends it; later accepted tokens are dropped, their logprobs
+    too. Static K: the test needs drafts, whatever the controller would judge them worth on
+    this machine."""
     spec = LLM(dtype="float32", speculative_config=SPEC_CONFIGS["ngram"],
                speculation_policy="static")
+    dropped = _count_dropped_tokens(spec)
     prompt = 'Repeat: {"a": 1, "b": 2, "c": 3}\n{"a": 1, "b": 2, "c": 3}\n{"a": 1, "b": 2,'
     greedy = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     ref = llm.generate([prompt], greedy)[0].outputs[0]
     stop_id = ref.token_ids[8]
-    by_token = SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop_id])
+    by_token = SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop_id], logprobs=1)
     want = llm.generate([prompt], by_token)[0].outputs[0]
     got = spec.generate([prompt], by_token)[0]
     assert got.outputs[0].token_ids == want.token_ids
     assert got.outputs[0].token_ids[-1] == stop_id
     assert got.metrics.num_accepted_tokens > 0
-    by_string = SamplingParams(temperature=0, max_tokens=40, stop=['"c"'])
+    assert sum(dropped) > 0  # the test met its case: accepted tokens past the stop
+    _assert_same_logprobs(got.outputs[0], want)
+    by_string = SamplingParams(temperature=0, max_tokens=40, stop=['"c"'], logprobs=1)
     want = llm.generate([prompt], by_string)[0].outputs[0]
+    dropped.clear()
     got = spec.generate([prompt], by_string)[0].outputs[0]
     assert (got.text, got.finish_reason, got.stop_reason) == (want.text, "stop", '"c"')
+    assert sum(dropped) > 0
+    _assert_same_logprobs(got, want)
     stats = spec.get_stats()
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
+
+
+def _count_dropped_tokens(llm) -> list[int]:
+    """Spies on the engine: per emitting call, the emitted tokens a stop left out."""
+    dropped: list[int] = []
+    append = llm.engine._append_and_check
+
+    def spy(req, tokens):
+        before = req.num_output_tokens
+        append(req, tokens)
+        dropped.append(len(tokens) - (req.num_output_tokens - before))
+
+    llm.engine._append_and_check = spy
+    return dropped
+
+
+def _assert_same_logprobs(got, want) -> None:
+    """One logprob entry per returned token, each (and their sum) as plain decoding gives it."""
+    assert len(got.logprobs) == len(got.token_ids) == len(want.logprobs)
+    for token, g, w in zip(got.token_ids, got.logprobs, want.logprobs, strict=True):
+        assert g[token] == pytest.approx(w[token], abs=1e-3)
+    assert got.cumulative_logprob == pytest.approx(want.cumulative_logprob, abs=1e-2)
+
+
+def test_a_seeded_sampled_request_gives_the_same_tokens_whatever_else_runs():
+    """A seeded sampled request drafts nothing, so what it draws from its generator does not
+    depend on the batch. batch-threshold:1 drafts for a request running alone and not in a
+    batch of two: before the rule, the seeded request's tokens differed between the two."""
+    spec = LLM(dtype="float32", speculative_config=SPEC_CONFIGS["ngram"],
+               speculation_policy="batch-threshold:1")
+    prompt = "List: apple, banana, cherry, apple, banana, cherry, apple, banana, cherry, apple,"
+    seeded = SamplingParams(temperature=0.7, seed=11, max_tokens=32, ignore_eos=True)
+    alone = spec.generate([prompt], seeded)[0]
+    other = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    together = spec.generate([prompt, prompt], [seeded, other])
+    assert together[0].outputs[0].token_ids == alone.outputs[0].token_ids
+    assert alone.metrics.num_draft_tokens == together[0].metrics.num_draft_tokens == 0
+    unseeded = spec.generate([prompt], SamplingParams(temperature=0.7, max_tokens=32))[0]
+    assert unseeded.metrics.num_draft_tokens > 0  # alone, a request does draft here
 
 
 def test_per_request_override_turns_speculation_off(llm):

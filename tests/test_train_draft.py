@@ -149,10 +149,14 @@ def test_trained_draft_is_lossless_in_a_mixed_batch(trained):
         want = draft(draft.hidden(spec.engine.model.embed_tokens(ids)))
         got = proposer.model.lm_head(dense_hidden(proposer.model, ids))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    # Random requests get full-vocabulary draft probabilities and run through rejection.
-    outs = spec.generate(prompts, SamplingParams(temperature=0.8, max_tokens=6, seed=1))
+    # Random requests get full-vocabulary draft probabilities and run through rejection
+    # (unseeded: a seeded sampled request drafts nothing).
+    torch.manual_seed(1)
+    drafted = spec.get_stats()["num_draft_tokens"]
+    outs = spec.generate(prompts, SamplingParams(temperature=0.8, max_tokens=6))
     assert all(len(o.outputs[0].token_ids) == 6 or o.outputs[0].finish_reason == "stop"
                for o in outs)
+    assert spec.get_stats()["num_draft_tokens"] > drafted
 
 
 def test_int4_draft_is_calibrated_on_its_training_data_and_lossless(trained):

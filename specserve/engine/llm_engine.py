@@ -14,6 +14,7 @@ from specserve.config import EngineConfig
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
 from specserve.engine.output_processor import check_stop, make_output, record_logprobs
+from specserve.engine.prompts import encode_chat, encode_prompt
 from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.spec_planner import SpeculationPlanner, draft_room
@@ -316,9 +317,6 @@ class LLMEngine:
             elif hit is not None:  # an unused guess: would it have been accepted?
                 self.spec_policy.observe_verification(req, 1, int(hit))
             req.spec_token_ids, req.spec_probs = [], None
-            if req.params.logprobs is not None:
-                record_logprobs(req, logprob_logits[row:row + len(tokens)], tokens)
-            row += k + 1
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.grammar is not None:
@@ -327,7 +325,11 @@ class LLMEngine:
                 accept_emitted(req, tokens)
             num_before = req.num_output_tokens
             self._append_and_check(req, tokens)
-            outputs.append(make_output(req, self.tokenizer, req.num_output_tokens - num_before))
+            num_new = req.num_output_tokens - num_before
+            if req.params.logprobs is not None:  # only for the tokens a stop left standing
+                record_logprobs(req, logprob_logits[row:row + num_new], tokens[:num_new])
+            row += k + 1
+            outputs.append(make_output(req, self.tokenizer, num_new))
         for req, _ in sched.scheduled:
             if not req.is_finished:
                 self.block_manager.cache_blocks(req)
@@ -395,10 +397,8 @@ class LLMEngine:
         """Draft what the grammar forces next for each decoding structured-output request,
         whatever the policy would choose: a forced draft is nearly always accepted (95-99% on
         the json workload's schemas), so it costs one row of the forward and saves a request a
-        step, at any batch size. A request or engine whose policy is `off` drafts none.
-        Nor does a seeded sampled request: each draft draws from its generator, and how many
-        it gets depends on the batch (the token budget, other requests' tails), which would
-        break "the same seed, the same tokens, whatever else runs"."""
+        step, at any batch size. A request or engine whose policy is `off` drafts none, nor
+        does a seeded sampled request (Request.drafts_nothing)."""
         policy = self.spec_policy.name if self.spec_policy else self.config.speculation_policy
         if policy == "off":
             return
@@ -407,7 +407,7 @@ class LLMEngine:
             if (req.grammar is None or req.spec_token_ids or req.grammar.is_terminated()
                     or req.num_computed_tokens != req.num_tokens - 1
                     or req.params.speculation_policy == "off"
-                    or (req.generator is not None and not req.params.is_greedy)):
+                    or req.drafts_nothing):
                 continue
             cap = min(limit, draft_room(req, self.max_model_len))
             if req.params.num_speculative_tokens is not None:
@@ -502,15 +502,3 @@ def _only_argmax(sampling: list[tuple[Request, int]]) -> bool:
     return all(r.params.is_greedy and r.params.logprobs is None and not r.processes_logits
                and r.grammar is None and r.params.min_tokens <= r.num_output_tokens
                for r, _ in sampling)
-
-
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """A prompt's token ids as the engine sees them (no BOS added: chat templates carry their
-    own special tokens, and raw prompts are taken as written)."""
-    return tokenizer(prompt, add_special_tokens=False).input_ids
-
-
-def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
-    """The conversation rendered by the model's chat template, ready for the reply."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return encode_prompt(tokenizer, text)

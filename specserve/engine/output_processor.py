@@ -67,7 +67,7 @@ def make_output(req: Request, tokenizer, num_new: int) -> RequestOutput:
         finish_reason=req.finish_reason, stop_reason=req.stop_reason)
     metrics = RequestMetrics(req.arrival_time, req.first_token_time, req.finished_time,
                              req.num_cached_tokens, req.num_preemptions,
-                             req.num_draft_tokens, req.num_accepted_tokens)
+                             req.num_draft_tokens, req.num_accepted_tokens, req.scheduled_time)
     delta = req.output_token_ids[-num_new:] if num_new else []
     return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [completion],
                          finished, metrics, delta_token_ids=delta)

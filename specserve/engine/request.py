@@ -79,6 +79,7 @@ class Request:
         self.decode_stream = None  # tokenizers.decoders.DecodeStream, made on first use
         # Timing (seconds, time.perf_counter())
         self.arrival_time = time.perf_counter()
+        self.scheduled_time: float | None = None  # first admitted (a re-admission keeps it)
         self.first_token_time: float | None = None
         self.finished_time: float | None = None
 
@@ -97,6 +98,13 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def drafts_nothing(self) -> bool:
+        """A seeded sampled request verifies no drafts: each draft takes draws from its
+        generator, and how many it gets depends on the batch (the controller's plan, the token
+        budget), which would break "the same seed, the same tokens, whatever else runs"."""
+        return self.generator is not None and not self.params.is_greedy
 
     @property
     def finish_reason(self) -> str | None:

@@ -15,6 +15,7 @@ shares (cached and in flight) is MIN_SHARED_TOKENS_TO_WAIT tokens or longer.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -119,6 +120,7 @@ class Scheduler:
                 self.waiting.popleft()
                 if req.status == RequestStatus.WAITING:
                     req.num_cached_tokens = num_cached
+                    req.scheduled_time = time.perf_counter()
                 bm.record_prefix_lookup(req.num_tokens, num_cached)
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)

@@ -80,7 +80,7 @@ class SpeculationPlanner:
                 continue  # not scheduled this step (token budget): its guesses still wait
             reqs.append(req)
             caps.append(draft_room(req, self.max_model_len))
-            forced.append(req.params.speculation_policy)
+            forced.append("off" if req.drafts_nothing else req.params.speculation_policy)
         if not reqs:
             return
         # Under an engine-wide `off`, the requests the engine decides for get K = 0 without a

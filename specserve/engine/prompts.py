@@ -1,0 +1,60 @@
+"""Prompts into token ids: raw text as written, and conversations through the model's chat
+template, rendered as vLLM renders them (offline `LLM.chat` and the server share this)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import re
+from typing import Any
+
+from jinja2 import TemplateError
+from transformers import PreTrainedTokenizerBase
+
+# apply_chat_template's own arguments (tokenization, the template, tools, ...): a request's
+# template kwargs set the template's variables, never these. The three that vLLM also takes
+# from template kwargs (overriding the request's fields) are not among them.
+_RENDERER_ARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template)
+                           .parameters) - {"add_generation_prompt", "continue_final_message",
+                                           "documents"} | {"messages", "conversations"}
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """A prompt's token ids as the engine sees them (no BOS added: chat templates carry their
+    own special tokens, and raw prompts are taken as written)."""
+    return tokenizer(prompt, add_special_tokens=False).input_ids
+
+
+def encode_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,
+                continue_final_message: bool = False, documents: list[dict] | None = None,
+                template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """The conversation rendered by the model's chat template: by default closed with the
+    assistant's header, ready for the reply; with continue_final_message the last (assistant)
+    message is left open for the reply to continue. template_kwargs: the template's own
+    variables (vLLM's chat_template_kwargs). Raises ValueError for what the template or these
+    options refuse."""
+    kwargs = {"add_generation_prompt": add_generation_prompt,
+              "continue_final_message": continue_final_message, "documents": documents,
+              **(template_kwargs or {})}
+    if reserved := sorted(_RENDERER_ARGS & kwargs.keys()):
+        raise ValueError(f"chat_template_kwargs may not set {reserved[0]!r}: an argument of the "
+                         "renderer, not a template variable")
+    if kwargs["continue_final_message"] and kwargs["add_generation_prompt"]:
+        # As vLLM: a new assistant turn and the last message left open contradict each other.
+        raise ValueError("continue_final_message needs add_generation_prompt to be false")
+    if not _knows_developer_role(str(tokenizer.chat_template)):
+        # OpenAI's developer role is the system role under its new name; a template older than
+        # it would print it as an unknown role (ChatML) or refuse it.
+        messages = [{**m, "role": "system"} if m["role"] == "developer" else m
+                    for m in messages]
+    try:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    except TemplateError as exc:  # e.g. a template that rejects the order of roles
+        raise ValueError(f"the chat template refused these messages: {exc}") from exc
+    return encode_prompt(tokenizer, text)
+
+
+@functools.lru_cache(maxsize=8)
+def _knows_developer_role(template: str) -> bool:
+    """Whether the template names the role, as in `message['role'] == 'developer'`."""
+    return re.search(r"""["']developer["']""", template) is not None
