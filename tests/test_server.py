@@ -31,6 +31,18 @@ MODEL = "SmolLM2-135M-Instruct"
 MODEL_FLAGS = ("--dtype", "float32", "--kv-cache-memory", "160MiB", "--num-threads", "1")
 
 
+def parse_metrics(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus text page as {"name{label=value,...}": value}, model_name
+    left out."""
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())
+                              if k != "model_name")
+            samples[f"{s.name}{{{labels}}}"] = s.value
+    return samples
+
+
 class LiveServer:
     """A server subprocess; `url` is its base URL. Used by test_server_errors.py too."""
 
@@ -66,15 +78,7 @@ class LiveServer:
         return httpx.get(f"{self.url}/stats", timeout=10).json()
 
     def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics as {"name{label=value,...}": value}."""
-        text = httpx.get(f"{self.url}/metrics", timeout=10).text
-        samples = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())
-                                  if k != "model_name")
-                samples[f"{s.name}{{{labels}}}"] = s.value
-        return samples
+        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=10).text)
 
     def exit_code(self, timeout: float, after: str) -> int:
         """The server's exit code, waiting up to timeout seconds; a server still up then fails
@@ -369,11 +373,15 @@ def test_64_concurrent_streams_with_disconnects(server: LiveServer):
 
 
 def test_non_streaming_disconnect_aborts(server: LiveServer):
+    """The engine request is aborted, and counted as vLLM's finished_reason="abort"."""
+    aborted = 'vllm:request_success_total{finished_reason=abort}'
+    before = server.metrics()[aborted]
     body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 2000,
-            "ignore_eos": True}
+            "ignore_eos": True, "n": 2}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=1.0)
     assert wait_until(lambda: kv_pool_is_free(server)), server.stats()
+    assert server.metrics()[aborted] == before + 2
 
 
 # ---- metrics -----------------------------------------------------------------------------------
@@ -384,14 +392,164 @@ def test_metrics_parse_and_move(server: LiveServer, client: openai.OpenAI):
                  "vllm:prefix_cache_hits_total", "vllm:spec_decode_num_draft_tokens_total",
                  "vllm:spec_decode_num_accepted_tokens_total"):
         assert f"{name}{{}}" in before, name
-    client.completions.create(model=MODEL, prompt="Metrics are", max_tokens=5, temperature=0)
+    done = client.completions.create(model=MODEL, prompt="Metrics are", max_tokens=5,
+                                     temperature=0)
     after = server.metrics()
     for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total",
                  "vllm:prefix_cache_queries_total", "vllm:time_to_first_token_seconds_count",
                  "vllm:inter_token_latency_seconds_count",
-                 "vllm:e2e_request_latency_seconds_count"):
+                 "vllm:e2e_request_latency_seconds_count", "vllm:request_prompt_tokens_count",
+                 "vllm:request_queue_time_seconds_count", "vllm:request_decode_time_seconds_count"):
         assert after[f"{name}{{}}"] > before.get(f"{name}{{}}", 0), name
     assert after["vllm:generation_tokens_total{}"] - before["vllm:generation_tokens_total{}"] == 5
+    # The whole prompt, prefix-cache hits included, as vLLM counts it.
+    assert (after["vllm:prompt_tokens_total{}"] - before["vllm:prompt_tokens_total{}"]
+            == done.usage.prompt_tokens)
+    assert not [name for name in after if name.endswith("_created{}")]
+
+
+# ---- chat rendering, stream usage and refusals (OpenAI's and vLLM's extras) -----------------
+def test_developer_role_is_rendered_as_system(client: openai.OpenAI):
+    """OpenAI's developer role is the system role under its new name: SmolLM2's ChatML template
+    predates it, so the prompt must be the system one, token for token (it was a 400)."""
+    replies = {}
+    for role in ("system", "developer"):
+        messages = [{"role": role, "content": CHAT[0]["content"]}, CHAT[1]]
+        replies[role] = client.chat.completions.create(model=MODEL, messages=messages,
+                                                       max_tokens=12, temperature=0)
+    system, developer = replies["system"], replies["developer"]
+    assert developer.usage.prompt_tokens == system.usage.prompt_tokens
+    assert developer.choices[0].message.content == system.choices[0].message.content
+
+
+def test_continue_final_message_and_generation_prompt(server: LiveServer, llm):
+    """vLLM's continue_final_message leaves the assistant's last message open, and the reply
+    continues it; add_generation_prompt false renders no assistant header. Both used to be
+    ignored (a new assistant turn was opened)."""
+    tokenizer = llm.engine.tokenizer
+    messages = [{"role": "user", "content": "Count to five"},
+                {"role": "assistant", "content": "1, 2,"}]
+    prefill = tokenizer.apply_chat_template(messages, tokenize=False,
+                                            continue_final_message=True)
+    num_prompt_tokens = len(tokenizer.apply_chat_template(
+        messages, continue_final_message=True, return_dict=False))
+    resp = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "messages": messages, "continue_final_message": True, "add_generation_prompt": False,
+        "max_tokens": 5, "temperature": 0})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["usage"]["prompt_tokens"] == num_prompt_tokens
+    assert prefill.endswith("1, 2,")
+    # The reply is the greedy continuation of the open message, as the raw prompt gives it.
+    reply = body["choices"][0]["message"]["content"]
+    assert reply == offline_text(llm, prefill, max_tokens=5)[0]
+    assert reply.lstrip().startswith("3"), reply  # "1, 2," goes on, not a new answer
+
+    closed = tokenizer.apply_chat_template(messages[:1], tokenize=False)  # no header
+    resp = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "messages": messages[:1], "add_generation_prompt": False, "max_tokens": 1})
+    assert resp.json()["usage"]["prompt_tokens"] == len(llm.engine.tokenize(closed))
+    # As in vLLM, chat_template_kwargs may set the two (they override the request's fields)...
+    resp = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "messages": messages, "max_tokens": 1, "chat_template_kwargs": {
+            "continue_final_message": True, "add_generation_prompt": False}})
+    assert resp.json()["usage"]["prompt_tokens"] == num_prompt_tokens, resp.text
+    # ...but not the renderer's own arguments, and the two may not contradict each other.
+    for extra in ({"continue_final_message": True},  # add_generation_prompt defaults to true
+                  {"chat_template_kwargs": {"tokenize": True}},
+                  {"chat_template_kwargs": {"conversations": []}}):
+        resp = httpx.post(f"{server.url}/v1/chat/completions", timeout=60,
+                          json={"messages": messages, "max_tokens": 1, **extra})
+        assert resp.status_code == 400, (extra, resp.text)
+
+
+def _sse_chunks(server: LiveServer, path: str, body: dict) -> list[dict]:
+    with httpx.stream("POST", f"{server.url}{path}", json=body, timeout=60) as resp:
+        assert resp.status_code == 200, resp.read()
+        lines = [line.removeprefix("data: ") for line in resp.iter_lines()
+                 if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"prompt": PROMPTS[0], "n": 2, "logprobs": 1}),
+    ("/v1/completions", {"prompt": PROMPTS[0]}),  # the text-only chunk template
+    ("/v1/chat/completions", {"messages": CHAT}),
+])
+def test_continuous_usage_stats(server: LiveServer, path: str, body: dict):
+    """vLLM's stream_options.continuous_usage_stats: every chunk carries the usage so far (all
+    choices together), never decreasing, and the last chunk's is the final usage."""
+    chunks = _sse_chunks(server, path, {**body, "max_tokens": 8, "temperature": 0,
+                                        "ignore_eos": True, "stream": True, "stream_options": {
+                                            "include_usage": True,
+                                            "continuous_usage_stats": True}})
+    usages = [c["usage"] for c in chunks]
+    assert all(u is not None for u in usages), chunks
+    final = usages[-1]
+    assert chunks[-1]["choices"] == []  # include_usage's own last chunk
+    assert final["completion_tokens"] == 8 * body.get("n", 1)
+    for before, after in zip(usages[:-1], usages[1:], strict=True):
+        assert after["prompt_tokens"] == final["prompt_tokens"]
+        assert before["completion_tokens"] <= after["completion_tokens"]
+    assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+    assert usages[-2] == final  # the chunk that finished the last choice
+    # Without it, or without include_usage (vLLM's rule), the chunks carry no usage (the hot
+    # path is unchanged).
+    for options in (None, {"continuous_usage_stats": True}):
+        plain = _sse_chunks(server, path, {**body, "max_tokens": 4, "stream": True,
+                                           "stream_options": options})
+        assert all(c["usage"] is None for c in plain)
+
+
+def test_text_chunk_with_usage_equals_the_pydantic_model():
+    from specserve.server.protocol import ChatCompletionChunk, ChatStreamChoice, DeltaMessage
+    from specserve.server.serving import _TextChunk
+
+    def make(i: int, text: str, usage=None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id="chatcmpl-x", created=1, model='m "usage":null', usage=usage,
+                                   choices=[ChatStreamChoice(index=i,
+                                                             delta=DeltaMessage(content=text))])
+
+    chunk = _TextChunk(make)
+    usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+    for text in ("", ' say "hi"', "中文\n"):
+        assert json.loads(chunk.render(1, text, (7, 3))) == json.loads(
+            make(1, text, usage).model_dump_json())
+        assert json.loads(chunk.render(1, text)) == json.loads(make(1, text).model_dump_json())
+
+
+@pytest.mark.parametrize(("path", "extra", "name"), [
+    ("/v1/completions", {"speculation": {"speculation_policy": "static"}}, "speculation_policy"),
+    ("/v1/completions", {"min_p": 0.1}, "min_p"),
+    ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
+    ("/v1/completions", {"prompt_logprobs": 1}, "prompt_logprobs"),
+    ("/v1/completions", {"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+    ("/v1/completions", {"truncate_prompt_tokens": 3}, "truncate_prompt_tokens"),
+    ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
+    ("/v1/chat/completions", {"chat_template": "{{ messages }}"}, "chat_template"),
+    ("/v1/chat/completions", {"echo": True}, "echo"),
+])
+def test_refuses_what_it_would_otherwise_ignore(server: LiveServer, path: str, extra: dict,
+                                                name: str):
+    """Known fields that change the output and that we do not implement get a 400 naming them
+    (each used to be accepted and ignored)."""
+    body = ({"prompt": "Hi"} if path == "/v1/completions"
+            else {"messages": [{"role": "user", "content": "Hi"}]})
+    resp = httpx.post(f"{server.url}{path}", json={**body, "max_tokens": 1, **extra},
+                      timeout=60)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error" and name in error["message"], error
+
+
+def test_accepts_the_values_that_leave_unsupported_fields_off(client: openai.OpenAI):
+    resp = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=1, modalities=["text"],
+        extra_body={"min_p": 0, "use_beam_search": False, "function_call": "auto",
+                    "speculation": {"policy": "off"}})
+    assert resp.usage.completion_tokens == 1
 
 
 # ---- shutdown (last: it stops this module's server) ------------------------------------------

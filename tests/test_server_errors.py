@@ -1,9 +1,10 @@
 """The live server refusing what it should: malformed requests (a 4xx with an OpenAI error body,
-never a 500), a missing or wrong API key, overload past --max-queue; SIGTERM and a second Ctrl-C.
+never a 500), a missing or wrong API key, overload past --max-queue; SIGTERM, its timeout and a
+second Ctrl-C.
 
 One small server with the flags these need (an API key, room for 2 running + 2 waiting requests,
-a served model name of its own), separate from test_server.py's; the Ctrl-C test starts one
-more."""
+a served model name of its own), separate from test_server.py's; the last two shutdown tests
+start one more each."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import openai
@@ -199,10 +201,16 @@ def test_burst_past_max_queue_gets_429s(server: LiveServer):
         async with httpx.AsyncClient(base_url=server.url, headers=AUTH, timeout=60) as client:
             return await asyncio.gather(*(one(client) for _ in range(16)))
 
+    outcomes = server.metrics()
     responses = asyncio.run(burst())
     ok = [r for r in responses if r.status_code == 200]
     rejected = [r for r in responses if r.status_code != 200]
     assert len(ok) >= 4 and rejected, [r.status_code for r in responses]
+    # A refused request is no abort; the admitted ones finished by length.
+    after = server.metrics()
+    for reason, moved in (("abort", 0), ("length", len(ok))):
+        key = f"vllm:request_success_total{{finished_reason={reason}}}"
+        assert after[key] - outcomes[key] == moved, reason
     for r in rejected:
         assert assert_openai_error(r, 429)["type"] == "rate_limit_error"
     assert all(r.json()["usage"]["completion_tokens"] == 8 for r in ok)
@@ -230,9 +238,17 @@ def test_sigterm_drains_then_exits_zero(server: LiveServer):
     assert time.monotonic() - t0 < 15
 
 
+def _ends_with_an_error_event(events: list[str]) -> None:
+    """A stream the server aborted: an in-band error in OpenAI's shape, then [DONE]."""
+    assert events[-1] == "[DONE]", events[-3:]
+    error = json.loads(events[-2])["error"]
+    assert "shutting down" in error["message"] and error["type"] == "service_unavailable_error"
+
+
 def test_a_second_ctrl_c_stops_waiting_for_open_responses():
     """The first SIGINT lets open responses finish (up to --shutdown-timeout, a minute here);
-    a second one aborts them and exits at once, as uvicorn does on its own."""
+    a second one aborts them and exits at once, as uvicorn does on its own. The aborted stream
+    still ends properly."""
     live = LiveServer(*MODEL_FLAGS, "--shutdown-timeout", "60")
     try:
         body = {"model": MODEL, "prompt": "Hello", "max_tokens": 1000, "ignore_eos": True,
@@ -245,7 +261,61 @@ def test_a_second_ctrl_c_stops_waiting_for_open_responses():
             time.sleep(1.0)
             assert live.proc.poll() is None  # draining: the response is still open
             live.proc.send_signal(signal.SIGINT)
+            events = [line.removeprefix("data: ") for line in lines if line]
             rc = live.exit_code(20, "a second SIGINT")
         assert rc == 0, live.output()
+        _ends_with_an_error_event(events)
     finally:
         live.stop()
+
+
+def test_responses_still_open_at_the_shutdown_timeout_end_with_an_error():
+    """SIGTERM lets open responses run for --shutdown-timeout. Those still open then are
+    aborted by the engine and end properly, before uvicorn would cancel them (a cut stream, a
+    bare 500): a stream with an error event and [DONE], a non-streaming request with a 503 in
+    OpenAI's shape."""
+    live = LiveServer(*MODEL_FLAGS, "--shutdown-timeout", "3")
+    try:
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": 1000, "ignore_eos": True,
+                "temperature": 0}
+        with ThreadPoolExecutor(1) as pool:
+            plain = pool.submit(httpx.post, f"{live.url}/v1/completions", json=body, timeout=60)
+            with httpx.stream("POST", f"{live.url}/v1/completions",
+                              json={**body, "stream": True}, timeout=60) as resp:
+                lines = resp.iter_lines()
+                next(line for line in lines if line)  # the stream has started
+                assert wait_until(lambda: live.stats()["num_running"] == 2)
+                live.proc.send_signal(signal.SIGTERM)
+                t0 = time.monotonic()
+                events = [line.removeprefix("data: ") for line in lines if line]
+            assert_openai_error(plain.result(), 503)
+        assert time.monotonic() - t0 > 2  # the timeout was waited out first
+        _ends_with_an_error_event(events)
+        assert live.exit_code(20, "SIGTERM") == 0, live.output()
+    finally:
+        live.stop()
+
+
+def test_a_bug_of_ours_is_a_500_not_a_400(llm, monkeypatch):
+    """Only reading the request may answer a ValueError with a 400. One raised while answering
+    is our bug (logprobs cut short by a stop inside accepted drafts once came back as a 400
+    "zip() argument 2 is longer than argument 1"): a 500, in OpenAI's shape. In process, with
+    the offline engine of the other tests."""
+    from fastapi.testclient import TestClient
+
+    from specserve.server.api_server import build_app
+    from specserve.server.serving import OpenAIServing
+
+    def broken(*_args, **_kwargs):
+        raise ValueError("zip() argument 2 is longer than argument 1")
+
+    monkeypatch.setattr(OpenAIServing, "_completion_logprobs", broken)
+    app = build_app(llm.engine, served_model_name=NAME)
+    with TestClient(app, raise_server_exceptions=False) as http:
+        body = completion(max_tokens=2, logprobs=1)
+        assert assert_openai_error(http.post("/v1/completions", json=body), 500)["type"] \
+            == "server_error"
+        refused = completion(max_tokens=2, min_tokens=3)  # SamplingParams refuses it
+        assert "min_tokens" in assert_openai_error(http.post("/v1/completions", json=refused),
+                                                   400)["message"]
+        assert http.post("/v1/completions", json=completion()).status_code == 200

@@ -31,6 +31,10 @@ from specserve.server.serving import OpenAIServing
 
 logger = logging.getLogger("specserve.server")
 
+# How much longer than --shutdown-timeout uvicorn waits for open responses: time for those the
+# engine aborted at the timeout to send their ending.
+ABORT_GRACE_S = 5.0
+
 
 async def _require_json(request: Request) -> None:
     """415 for a body labelled as anything but JSON (an unlabelled one is parsed as JSON).
@@ -116,8 +120,11 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
     """The FastAPI app around a loaded engine. The engine thread starts with the app's lifespan
     and stops with it, aborting whatever is still running."""
     model_name = served_model_name or engine.model_name
-    server_metrics = ServerMetrics(model_name, stats=lambda: async_engine.stats)
+    server_metrics = ServerMetrics(model_name, stats=lambda: async_engine.stats,
+                                   max_model_len=engine.max_model_len,
+                                   cache_config=engine.config.cache)
     async_engine = AsyncEngine(engine, max_queue=max_queue, observer=server_metrics.observe,
+                               abort_observer=server_metrics.observe_abort,
                                own_thread=engine_thread, stream_interval=stream_interval)
 
     @asynccontextmanager
@@ -133,7 +140,7 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
     app = FastAPI(title="specserve", lifespan=lifespan)
     app.state.engine = async_engine
     app.state.metrics = server_metrics
-    app.state.serving = OpenAIServing(async_engine, model_name)
+    app.state.serving = OpenAIServing(async_engine, model_name, server_metrics)
     install_error_handlers(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
@@ -145,8 +152,8 @@ def run_server(args: argparse.Namespace) -> None:
     """The engine loop runs in this (main) thread, where torch's matmuls are fastest (see
     AsyncEngine); uvicorn serves HTTP from a background thread. SIGTERM/SIGINT ask uvicorn for
     its graceful stop: stop accepting, let open responses finish (up to --shutdown-timeout, or
-    until a second SIGINT), lifespan shutdown (aborts the rest), which ends the engine loop; then
-    we exit 0."""
+    until a second SIGINT; then the engine aborts them, and each ends with an error), lifespan
+    shutdown, which ends the engine loop; then we exit 0."""
     from specserve.cli import engine_kwargs
     from specserve.llm import build_engine_config
 
@@ -158,16 +165,26 @@ def run_server(args: argparse.Namespace) -> None:
     app = build_app(engine, served_model_name=args.served_model_name, api_key=args.api_key,
                     max_queue=args.max_queue, engine_thread=False,
                     stream_interval=args.stream_interval)
+    # uvicorn cancels the responses still open when its graceful timeout runs out (a cut
+    # stream, a bare 500); the engine aborts them first (drain), and uvicorn waits a little
+    # longer than that for them to end properly.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             access_log=args.access_log,
-                            timeout_graceful_shutdown=args.shutdown_timeout)
+                            timeout_graceful_shutdown=args.shutdown_timeout + ABORT_GRACE_S)
     server = uvicorn.Server(config)
     http = threading.Thread(target=server.run, name="specserve-http", daemon=True)
+    engine_loop = app.state.engine
+    signals = 0
 
     def stop(sig: int, _frame) -> None:
-        # A second Ctrl-C stops waiting for open responses (the engine then aborts them), as
-        # uvicorn's own handler does; SIGTERM always waits up to --shutdown-timeout.
-        if server.should_exit and sig == signal.SIGINT:
+        # SIGTERM or Ctrl-C lets open responses finish for up to --shutdown-timeout; a Ctrl-C
+        # after that aborts them at once, as uvicorn's own handler does; one more stops waiting
+        # even for the aborted responses to end.
+        nonlocal signals
+        signals += 1
+        now = signals > 1 and sig == signal.SIGINT
+        engine_loop.drain(0.0 if now else args.shutdown_timeout)
+        if now and signals > 2:
             server.force_exit = True
         server.should_exit = True
 
@@ -175,8 +192,8 @@ def run_server(args: argparse.Namespace) -> None:
         signal.signal(sig, stop)
     freeze_startup_heap()
     http.start()
-    app.state.engine.run_in_current_thread(is_alive=http.is_alive)
-    http.join(timeout=args.shutdown_timeout + 10)
+    engine_loop.run_in_current_thread(is_alive=http.is_alive)
+    http.join(timeout=args.shutdown_timeout + ABORT_GRACE_S + 10)
     if not server.started:
         sys.exit("specserve: error: the HTTP server did not start (is the port in use?)")
     if not server.should_exit:  # no signal asked for the stop: the HTTP thread died

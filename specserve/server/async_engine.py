@@ -37,6 +37,10 @@ IDLE_WAKE_S = 0.5
 # on the engine thread, because every microsecond on the engine thread between forwards is a
 # microsecond of every request's step.
 OutputObserver = Callable[[RequestOutput, float | None], None]
+# Called on the event loop for each engine request that ends unfinished (its client went away,
+# the server shut down, the engine failed), with its latest output (None before its first) and
+# when it arrived (time.perf_counter()).
+AbortObserver = Callable[[RequestOutput | None, float], None]
 
 
 class EngineDeadError(RuntimeError):
@@ -70,6 +74,11 @@ class OutputStream:
         self._waiter: asyncio.Future | None = None
         self._unfinished = set(range(len(request_ids)))
         self._last_delivery: list[float | None] = [None] * len(request_ids)
+        # For the abort observer: when the request came, its choices' latest outputs, and
+        # whether the engine took it (a refused one is no abort).
+        self._arrival = time.perf_counter()
+        self._last_output: list[RequestOutput | None] = [None] * len(request_ids)
+        self._admitted = False  # set on the engine thread, before the add is answered
 
     def __aiter__(self) -> OutputStream:
         return self
@@ -105,9 +114,16 @@ class OutputStream:
         thread before its next step."""
         if self._unfinished:
             ids = [self.request_ids[i] for i in self._unfinished]
+            self._observe_aborts()
             self._owner._release(len(self._unfinished))
             self._unfinished.clear()
             self._owner._submit(_Abort(ids))
+
+    def _observe_aborts(self) -> None:
+        observe = self._owner._abort_observer
+        if observe is not None and self._admitted:
+            for i in self._unfinished:
+                observe(self._last_output[i], self._arrival)
 
     # ---- event-loop side of delivery --------------------------------------------------------
     def _put(self, index: int, out: RequestOutput, now: float) -> None:
@@ -118,6 +134,7 @@ class OutputStream:
             last = self._last_delivery[index]
             observer(out, None if last is None else now - last)
             self._last_delivery[index] = now
+        self._last_output[index] = out
         self._push((index, out))
         if out.finished:
             self._unfinished.discard(index)
@@ -125,6 +142,7 @@ class OutputStream:
 
     def _fail(self, exc: BaseException) -> None:
         if self._unfinished:
+            self._observe_aborts()
             self._owner._release(len(self._unfinished))
             self._unfinished.clear()
             self._push(exc)
@@ -176,7 +194,7 @@ class AsyncEngine:
 
     def __init__(self, engine: LLMEngine, max_queue: int | None = None,
                  observer: OutputObserver | None = None, own_thread: bool = True,
-                 stream_interval: int = 1):
+                 stream_interval: int = 1, abort_observer: AbortObserver | None = None):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be at least 1, got {stream_interval}")
         self.engine = engine
@@ -190,16 +208,17 @@ class AsyncEngine:
         self.max_in_flight = (None if max_queue is None
                               else engine.config.scheduler.max_num_seqs + max_queue)
         self._observer = observer
+        self._abort_observer = abort_observer
         self._inbox = _Inbox()
         self._own_thread = own_thread
         self._thread = threading.Thread(target=self._run, name="specserve-engine", daemon=True)
         self._started = threading.Event()  # the event loop is known: the engine loop may run
         self._finished = threading.Event()  # the engine loop has returned
         self._peer_alive = lambda: True  # run_in_current_thread: whether the HTTP thread lives
+        self._abort_at: float | None = None  # drain(): when the engine loop aborts what runs
         self._loop: asyncio.AbstractEventLoop | None = None
         self._routes: dict[str, _Route] = {}  # engine thread only
         self._num_in_flight = 0  # event loop only: engine requests accepted and not finished
-        self._idle = asyncio.Event()
         self._closing = False
         self._stopped = False  # set (under the inbox lock) when the engine thread exits
         self.dead: BaseException | None = None
@@ -212,7 +231,6 @@ class AsyncEngine:
         """Call from inside the event loop that will consume outputs. Starts the engine thread,
         or, without one, lets `run_in_current_thread` go ahead."""
         self._loop = asyncio.get_running_loop()
-        self._idle.set()
         if self._own_thread:
             self._thread.start()
         self._started.set()
@@ -241,19 +259,24 @@ class AsyncEngine:
     def num_in_flight(self) -> int:
         return self._num_in_flight
 
-    async def shutdown(self, drain_timeout: float = 0.0) -> None:
-        """Refuse new requests, give in-flight ones up to `drain_timeout` seconds to finish,
-        then abort the rest (their consumers get RequestAborted) and stop the thread."""
+    async def shutdown(self) -> None:
+        """Refuse new requests, abort the ones in flight (their consumers get RequestAborted)
+        and stop the thread. The time to let them finish comes before (`drain`)."""
         self._closing = True
-        if drain_timeout > 0 and self._num_in_flight:
-            try:
-                await asyncio.wait_for(self._idle.wait(), drain_timeout)
-            except TimeoutError:
-                logger.warning("aborting %d requests still running at shutdown",
-                               self._num_in_flight)
         if self._running:
             self._submit(_Stop())
             await asyncio.to_thread(self._finished.wait, 30.0)
+
+    def drain(self, timeout: float) -> None:
+        """Refuse new requests, and abort whatever still runs `timeout` seconds from now (0: at
+        the engine loop's next turn). The engine loop does the aborting, so each open response
+        ends properly (a stream with an error event and `[DONE]`, a non-streaming request with
+        a 503) before the HTTP server, given a few seconds more, gives up on it and cuts it.
+        Only stores two fields: safe to call from a signal handler."""
+        self._closing = True
+        deadline = time.monotonic() + timeout
+        if self._abort_at is None or deadline < self._abort_at:
+            self._abort_at = deadline
 
     # ---- the API used by request handlers (event loop) ----------------------------------------
     async def add_requests(self, request_ids: list[str], prompts: Sequence[str | list[int]],
@@ -282,7 +305,6 @@ class AsyncEngine:
                                  "retry later")
         output_stream = OutputStream(self, request_ids)
         self._num_in_flight += len(request_ids)
-        self._idle.clear()
         done = self._loop.create_future()
         self._submit(_Add(output_stream, prompts, params, stream, done))
         try:
@@ -309,8 +331,6 @@ class AsyncEngine:
 
     def _release(self, n: int) -> None:
         self._num_in_flight -= n
-        if self._num_in_flight == 0:
-            self._idle.set()
 
     def _resolve(self, fut: asyncio.Future, result: Any = None,
                  exc: BaseException | None = None) -> None:
@@ -362,6 +382,13 @@ class AsyncEngine:
                 steps_held = 0
 
         while True:
+            if self._abort_at is not None and time.monotonic() >= self._abort_at:
+                self._abort_at = None
+                deliver_pending(force=True)  # what finished in the last step is not aborted
+                if self._routes:
+                    logger.warning("aborting %d requests still running at shutdown",
+                                   len(self._routes))
+                    self._abort_all(RequestAborted("the server is shutting down"))
             stop = False
             for command in self._take_commands():
                 if isinstance(command, _Stop):
@@ -420,6 +447,9 @@ class AsyncEngine:
             return
         for index, rid in enumerate(added):
             self._routes[rid] = _Route(command.output, index)
+        # Before the answer is queued: an abort observed after it (a dead engine, a drain)
+        # must count, even one that reaches the event loop before the waiting handler resumes.
+        command.output._admitted = True
         self._resolve(command.done)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:

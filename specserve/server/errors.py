@@ -84,11 +84,6 @@ async def _on_validation_error(_: Request, exc: RequestValidationError) -> JSONR
     return error_response(400, message, param)
 
 
-async def _on_value_error(_: Request, exc: ValueError) -> JSONResponse:
-    # The engine and SamplingParams raise ValueError for input they refuse.
-    return error_response(400, str(exc))
-
-
 async def _on_http_exception(_: Request, exc: HTTPException) -> JSONResponse:
     # Routing errors (404 unknown path, 405 wrong method) get the OpenAI shape too.
     try:
@@ -108,6 +103,5 @@ async def _on_unexpected(_: Request, exc: Exception) -> JSONResponse:
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _on_api_error)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
-    app.add_exception_handler(ValueError, _on_value_error)
     app.add_exception_handler(HTTPException, _on_http_exception)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -2,8 +2,9 @@
 
 Scalars are strict: `"max_tokens": "5"` or `"stream": 1` is a 400, not silently coerced. Unknown
 fields are ignored, as OpenAI's API and vLLM do, but known features we do not implement (echo,
-suffix, tools, ...) are refused rather than silently ignored. Structured outputs come as
-OpenAI's `response_format` or vLLM's `structured_outputs` body field.
+suffix, tools, min_p, ...) are refused rather than silently ignored, and so is an unknown key in
+our own objects (`speculation`, `structured_outputs`). Structured outputs come as OpenAI's
+`response_format` or vLLM's `structured_outputs` body field.
 """
 
 from __future__ import annotations
@@ -36,13 +37,29 @@ _INT32_MAX = 2**31 - 1
 
 
 def one_of(description: str) -> WrapValidator:
-    """For a union field: one clear sentence instead of pydantic's error per union member."""
+    """For a union field: one clear sentence instead of pydantic's error per union member, naming
+    the key when an object member refused an unknown one."""
     def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         try:
             return handler(value)
-        except ValidationError:
+        except ValidationError as exc:
+            unknown = [e["loc"][-1] for e in exc.errors() if e["type"] == "extra_forbidden"]
+            if unknown:
+                raise PydanticCustomError(
+                    "extra_forbidden", f"unknown key {unknown[0]!r}: should be {description}",
+                ) from None
             raise PydanticCustomError("invalid_value", f"should be {description}") from None
     return WrapValidator(validate)
+
+
+def refuse_unsupported(data: Any, unsupported: dict[str, tuple]) -> Any:
+    """For a before-validator: a known field we do not implement, set to anything but the values
+    that mean "not used", is a 400 rather than silently ignored."""
+    if isinstance(data, dict):
+        for name, unused in unsupported.items():
+            if data.get(name) not in unused:  # an absent field reads as None
+                raise ValueError(f"{name} is not supported")
+    return data
 
 
 PositiveInt = Annotated[StrictInt, Field(ge=1)]
@@ -57,9 +74,12 @@ class OpenAIModel(BaseModel):
 # ---- requests -------------------------------------------------------------------------------
 class StreamOptions(OpenAIModel):
     include_usage: StrictBool = False
+    # vLLM's: with include_usage, every chunk also carries the usage so far.
+    continuous_usage_stats: StrictBool = False
 
 
 class SpeculationOptions(OpenAIModel):
+    model_config = ConfigDict(extra="forbid")  # ours: a misspelt key is a mistake, not a feature
     num_speculative_tokens: SpecTokens | None = None
     policy: Literal["off", "static", "adaptive"] | None = None
 
@@ -87,6 +107,16 @@ class StructuredOutputsOptions(OpenAIModel):
     choice: list[StrictStr] | None = None
     grammar: StrictStr | None = None
     disable_any_whitespace: StrictBool = False
+
+
+# vLLM's sampling extras that change the output and that we do not implement, with the values
+# that leave them off.
+_UNSUPPORTED_SAMPLING = {
+    "min_p": (None, 0), "use_beam_search": (None, False), "allowed_token_ids": (None, []),
+    "bad_words": (None, []), "logits_processors": (None, []), "prompt_logprobs": (None,),
+    "truncate_prompt_tokens": (None,), "return_tokens_as_token_ids": (None, False),
+    "guided_whitespace_pattern": (None,),
+}
 
 
 class SamplingRequest(OpenAIModel):
@@ -129,6 +159,11 @@ class SamplingRequest(OpenAIModel):
     guided_regex: StrictStr | None = None
     guided_choice: list[StrictStr] | None = None
     guided_grammar: StrictStr | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported_sampling(cls, data: Any) -> Any:
+        return refuse_unsupported(data, _UNSUPPORTED_SAMPLING)
 
     @model_validator(mode="after")
     def _check_common(self) -> SamplingRequest:
@@ -179,6 +214,11 @@ class SamplingRequest(OpenAIModel):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        # vLLM's rule: only together with include_usage.
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         spec, policy = self.speculation, None
@@ -238,7 +278,9 @@ class TextPart(OpenAIModel):
 
 
 class ChatMessage(OpenAIModel):
-    role: Literal["system", "user", "assistant", "tool"]
+    # developer: OpenAI's successor of system (serving.py renders it as system for templates
+    # that predate it).
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[StrictStr | list[TextPart] | None,
                        one_of("a string or a list of parts of type text")] = None
     name: StrictStr | None = None
@@ -263,6 +305,16 @@ class ChatMessage(OpenAIModel):
         return message
 
 
+# Chat fields of OpenAI's and vLLM's that change the output and that we do not implement, with
+# the values that leave them off. A per-request chat_template is refused as vLLM refuses it by
+# default (it is arbitrary code for the template engine).
+_UNSUPPORTED_CHAT = {
+    "functions": (None, []), "function_call": (None, "none", "auto"), "audio": (None,),
+    "modalities": (None, ["text"]), "web_search_options": (None,), "echo": (None, False),
+    "chat_template": (None,), "add_special_tokens": (None, False),
+}
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: PositiveInt | None = None  # deprecated by OpenAI for max_completion_tokens
@@ -271,6 +323,18 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list[dict] | None = None
     tool_choice: StrictStr | dict | None = None
+    # vLLM's: close the conversation with the assistant's header (the default), or leave the
+    # final message open for the model to continue (a prefill), or neither; the template's own
+    # variables; documents for templates that take them (RAG).
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, StrictStr]] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported_chat(cls, data: Any) -> Any:
+        return refuse_unsupported(data, _UNSUPPORTED_CHAT)
 
     @model_validator(mode="after")
     def _check_chat(self) -> ChatCompletionRequest:

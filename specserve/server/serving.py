@@ -9,20 +9,20 @@ still running so that their KV blocks are freed before the next step.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
-from jinja2 import TemplateError
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
-from specserve.engine.llm_engine import encode_chat, encode_prompt
+from specserve.engine.prompts import encode_chat, encode_prompt
 from specserve.outputs import CompletionOutput, RequestOutput
 from specserve.sampling_params import SamplingParams
 from specserve.server.async_engine import (
@@ -34,6 +34,7 @@ from specserve.server.async_engine import (
     RequestAborted,
 )
 from specserve.server.errors import APIError, error_body
+from specserve.server.metrics import ServerMetrics
 from specserve.server.protocol import (
     ChatChoice,
     ChatChoiceLogprobs,
@@ -59,9 +60,11 @@ _CLIENT_CLOSED = 499
 class OpenAIServing:
     """Completions and chat completions over an AsyncEngine."""
 
-    def __init__(self, engine: AsyncEngine, model_name: str):
+    def __init__(self, engine: AsyncEngine, model_name: str,
+                 metrics: ServerMetrics | None = None):
         self.engine = engine
         self.model_name = model_name
+        self.metrics = metrics
         self.max_model_len = engine.engine.max_model_len
         # The front end's own copy of the tokenizer (the engine thread keeps the original for
         # detokenization), so that prompts are tokenized here, on the event loop, as vLLM's API
@@ -74,12 +77,12 @@ class OpenAIServing:
     # ---- endpoints ----------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
-        prompts = req.prompts()
-        prompt_ids = [encode_prompt(self._tokenizer, p) if isinstance(p, str) else list(p)
-                      for p in prompts]
-        for ids in prompt_ids:
-            self._check_length(len(ids), req.max_tokens)
-        params = req.to_sampling_params(req.max_tokens, req.logprobs)
+        with _refused_as_400():
+            prompt_ids = [encode_prompt(self._tokenizer, p) if isinstance(p, str) else list(p)
+                          for p in req.prompts()]
+            for ids in prompt_ids:
+                self._check_length(len(ids), req.max_tokens)
+            params = req.to_sampling_params(req.max_tokens, req.logprobs)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, prompt_ids, params, req.n, req.stream)
         num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
@@ -103,10 +106,10 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
-        messages = [m.to_template_dict() for m in req.messages]
-        prompt_ids = _render_chat(self._tokenizer, messages)
-        self._check_length(len(prompt_ids), req.output_limit)
-        params = req.to_sampling_params(req.output_limit, req.num_logprobs)
+        with _refused_as_400():
+            prompt_ids = _render_chat(self._tokenizer, req)
+            self._check_length(len(prompt_ids), req.output_limit)
+            params = req.to_sampling_params(req.output_limit, req.num_logprobs)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream)
         if req.stream:
@@ -157,11 +160,17 @@ class OpenAIServing:
                 prompts.append(ids_p)
                 all_params.append(params.for_choice(j))
         try:
-            return await self.engine.add_requests(ids, prompts, all_params, stream=stream)
+            with _refused_as_400():
+                output_stream = await self.engine.add_requests(ids, prompts, all_params,
+                                                               stream=stream)
         except QueueFullError as exc:
             raise APIError(429, str(exc), code="queue_full") from exc
         except (EngineClosedError, EngineDeadError) as exc:
             raise APIError(503, str(exc)) from exc
+        if self.metrics is not None:  # vLLM's: the max_tokens in effect, the context's room
+            for ids_p in prompt_ids:
+                self.metrics.observe_params(n, params.max_tokens or self.max_model_len - len(ids_p))
+        return output_stream
 
     # ---- streaming ----------------------------------------------------------------------------
     async def _completion_events(self, request_id: str, req: CompletionRequest,
@@ -173,10 +182,13 @@ class OpenAIServing:
         text_chunk = _TextChunk(lambda i, text: CompletionResponse(
             id=request_id, created=created, model=self.model_name,
             choices=[CompletionChoice(index=i, text=text)]))
+        continuous_usage, num_tokens = req.continuous_usage, None
         async for i, out in stream:
             c = out.outputs[0]
             text = deltas.text(i, c.text, out.finished)
             token_ids, token_logprobs = deltas.tokens(i, c)
+            if continuous_usage:
+                num_tokens = (num_prompt_tokens, sum(deltas.sent_tokens))
             logprobs = None
             if token_logprobs is not None:
                 logprobs = self._completion_logprobs(token_ids, token_logprobs,
@@ -188,12 +200,12 @@ class OpenAIServing:
             if out.finished:
                 final[i] = out
             elif logprobs is None:  # the chunk of nearly every token: text only
-                yield text_chunk.render(i, text)
+                yield text_chunk.render(i, text, num_tokens)
                 continue
             choice = CompletionChoice(index=i, text=text, logprobs=logprobs,
                                       finish_reason=c.finish_reason, stop_reason=c.stop_reason)
             yield CompletionResponse(id=request_id, created=created, model=self.model_name,
-                                     choices=[choice])
+                                     choices=[choice], usage=_usage_info(num_tokens))
         if req.include_usage:
             yield CompletionResponse(id=request_id, created=created, model=self.model_name,
                                      choices=[], usage=_usage(num_prompt_tokens, final))
@@ -208,10 +220,13 @@ class OpenAIServing:
                                        choices=choices, usage=usage)
 
         num_choices = len(stream.request_ids)
+        continuous_usage = req.continuous_usage
+        num_tokens = (num_prompt_tokens, 0) if continuous_usage else None
         # The role comes first, before any token: clients render the turn at once.
         for i in range(num_choices):
             yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant",
-                                                                      content=""))])
+                                                                      content=""))],
+                        _usage_info(num_tokens))
         deltas = _DeltaTracker(num_choices, req.stop)
         final: list[RequestOutput | None] = [None] * num_choices
         text_chunk = _TextChunk(lambda i, text: chunk(
@@ -220,6 +235,8 @@ class OpenAIServing:
             c = out.outputs[0]
             text = deltas.text(i, c.text, out.finished)
             token_ids, token_logprobs = deltas.tokens(i, c)
+            if continuous_usage:
+                num_tokens = (num_prompt_tokens, sum(deltas.sent_tokens))
             logprobs = (None if token_logprobs is None else
                         self._chat_logprobs(token_ids, token_logprobs, req.top_logprobs or 0))
             if not text and not out.finished and logprobs is None:
@@ -227,11 +244,12 @@ class OpenAIServing:
             if out.finished:
                 final[i] = out
             elif logprobs is None:  # the chunk of nearly every token: text only
-                yield text_chunk.render(i, text)
+                yield text_chunk.render(i, text, num_tokens)
                 continue
             delta = DeltaMessage(content=text) if text else DeltaMessage()
             yield chunk([ChatStreamChoice(index=i, delta=delta, logprobs=logprobs,
-                                          finish_reason=c.finish_reason)])
+                                          finish_reason=c.finish_reason)],
+                        _usage_info(num_tokens))
         if req.include_usage:
             yield chunk([], _usage(num_prompt_tokens, final))
 
@@ -298,21 +316,33 @@ class _TextChunk:
     token), rendered from the response's own pydantic model once per choice: the model is
     dumped with a placeholder text, and each token's chunk is that JSON with the placeholder
     replaced. ~0.5 µs per chunk against ~6 µs for building and dumping the models, on the
-    thread that also carries every other stream."""
+    thread that also carries every other stream. With continuous usage stats, the model's
+    `"usage":null` (its last field, after the text) is replaced too."""
 
     _PLACEHOLDER = "\x00specserve-text\x00"
+    _NO_USAGE = '"usage":null'
 
     def __init__(self, make: Callable[[int, str], BaseModel]):
         self._make = make
-        self._templates: dict[int, tuple[str, str]] = {}
+        # index -> (head, tail, tail before usage, tail after usage)
+        self._templates: dict[int, tuple[str, str, str, str]] = {}
 
-    def render(self, index: int, text: str) -> str:
+    def render(self, index: int, text: str, num_tokens: tuple[int, int] | None = None) -> str:
+        """num_tokens: (prompt, completion) tokens so far, to send as usage; None: no usage."""
         template = self._templates.get(index)
         if template is None:
             dumped = self._make(index, self._PLACEHOLDER).model_dump_json()
             head, tail = dumped.split(json.dumps(self._PLACEHOLDER))
-            template = self._templates[index] = (head, tail)
-        return template[0] + json.dumps(text, ensure_ascii=False) + template[1]
+            before, found, after = tail.rpartition(self._NO_USAGE)
+            assert found, "the chunk model's last field must be usage"
+            template = self._templates[index] = (head, tail, before, after)
+        if num_tokens is None:
+            return template[0] + json.dumps(text, ensure_ascii=False) + template[1]
+        prompt, completion = num_tokens
+        usage = (f'"usage":{{"prompt_tokens":{prompt},"completion_tokens":{completion},'
+                 f'"total_tokens":{prompt + completion}}}')
+        return (template[0] + json.dumps(text, ensure_ascii=False) + template[2] + usage
+                + template[3])
 
 
 class EventStreamResponse(StreamingResponse):
@@ -329,6 +359,17 @@ class EventStreamResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._stream.close()
+
+
+@contextlib.contextmanager
+def _refused_as_400() -> Iterator[None]:
+    """A ValueError from reading the request (SamplingParams, the chat template, the engine's
+    admission checks) is the client's mistake: a 400. Anywhere else it is our bug, a 500 like
+    any other (it once sent a 400 for logprobs cut short by a stop inside accepted drafts)."""
+    try:
+        yield
+    except ValueError as exc:
+        raise APIError(400, str(exc)) from exc
 
 
 async def _sse(events: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
@@ -374,11 +415,20 @@ async def _wait_for_disconnect(raw: Request) -> None:
         pass
 
 
-def _render_chat(tokenizer, messages: list[dict]) -> list[int]:
-    try:
-        return encode_chat(tokenizer, messages)
-    except TemplateError as exc:  # e.g. a template that rejects the order of roles
-        raise ValueError(f"the chat template refused these messages: {exc}") from exc
+def _render_chat(tokenizer, req: ChatCompletionRequest) -> list[int]:
+    return encode_chat(tokenizer, [m.to_template_dict() for m in req.messages],
+                       add_generation_prompt=req.add_generation_prompt,
+                       continue_final_message=req.continue_final_message,
+                       documents=req.documents, template_kwargs=req.chat_template_kwargs)
+
+
+def _usage_info(num_tokens: tuple[int, int] | None) -> UsageInfo | None:
+    """(prompt, completion) tokens as usage; None stays None (no usage in this chunk)."""
+    if num_tokens is None:
+        return None
+    prompt, completion = num_tokens
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+                     total_tokens=prompt + completion)
 
 
 def _usage(num_prompt_tokens: int, outputs: Sequence[RequestOutput | None]) -> UsageInfo:

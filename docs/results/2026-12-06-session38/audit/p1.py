@@ -1,0 +1,16 @@
+from h import *
+C="/v1/completions"; CH="/v1/chat/completions"
+post(C, {"prompt":"Hello","max_tokens":100000})
+post(C, {"prompt":"","max_tokens":3})
+post(C, {"prompt":[],"max_tokens":3})
+post(C, {"prompt":[[]],"max_tokens":3})
+post(C, {"prompt":[""],"max_tokens":3})
+post(C, {"prompt":[504, 3184, 282],"max_tokens":3,"temperature":0})
+post(C, {"prompt":["Hello","The sky is"],"max_tokens":3,"temperature":0,"n":2})
+post(C, {"prompt":[999999],"max_tokens":3})
+post(C, {"prompt":"Hi","max_tokens":3,"logit_bias":{"999999":5}})
+post(C, {"prompt":"Hi","max_tokens":3,"stop_token_ids":[999999]})
+post(C, {"prompt":"Hi","max_tokens":3,"top_k":-1})
+post(C, {"prompt":"Hi","max_tokens":3,"seed":2**64-1})
+post(C, {"prompt":"Hi","max_tokens":3,"seed":-1})
+post(C, {"prompt":"Hi","max_tokens":3,"foo":"bar"})

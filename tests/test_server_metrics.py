@@ -1,0 +1,174 @@
+"""Unit tests for the server's Prometheus metrics (specserve/server/metrics.py), fed RequestOutputs
+built here: no model, no server."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from test_server import parse_metrics
+
+from specserve.config import CacheConfig, SchedulerConfig
+from specserve.engine.block_manager import BlockManager
+from specserve.engine.output_processor import make_output
+from specserve.engine.request import Request
+from specserve.engine.scheduler import Scheduler
+from specserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from specserve.sampling_params import SamplingParams
+from specserve.server.metrics import ServerMetrics, buckets_1_2_5
+
+# Times on the engine's clock; binary fractions, so that sums compare exactly.
+ARRIVAL, SCHEDULED, FIRST_TOKEN, FINISHED = 100.0, 100.25, 101.0, 103.5
+
+
+def make_out(num_prompt: int = 10, num_tokens: int = 1, *, reason: str | None = None,
+             num_cached: int = 0, arrival: float = ARRIVAL, rid: str = "r") -> RequestOutput:
+    """An output of a request that has num_tokens tokens so far; finished if reason is given."""
+    metrics = RequestMetrics(arrival, arrival + FIRST_TOKEN - ARRIVAL,
+                             arrival + FINISHED - ARRIVAL if reason else None,
+                             num_cached_tokens=num_cached,
+                             scheduled_time=arrival + SCHEDULED - ARRIVAL)
+    completion = CompletionOutput(0, "", list(range(num_tokens)), finish_reason=reason)
+    return RequestOutput(rid, None, list(range(num_prompt)), [completion], reason is not None,
+                         metrics)
+
+
+def scrape(metrics: ServerMetrics) -> dict[str, float]:
+    return parse_metrics(metrics.render().decode())
+
+
+def serve(metrics: ServerMetrics, outs: list[RequestOutput]) -> None:
+    """Deliver one request's outputs in order, as the event loop does."""
+    for i, out in enumerate(outs):
+        metrics.observe(out, None if i == 0 else 0.02)
+
+
+@pytest.fixture
+def metrics() -> ServerMetrics:
+    # The engine's own count of computed prompt tokens must not be what vllm:prompt_tokens says.
+    return ServerMetrics("m", stats=lambda: {"num_prompt_tokens": 153,
+                                             "num_generated_tokens": 7})
+
+
+def test_prompt_tokens_count_whole_prompts_prefix_cache_hits_included(metrics):
+    """The audit's case: three identical 136-token prompts, the second and third served 128
+    tokens from the prefix cache. vLLM counts 408 prompt tokens, 152 computed and 256 cached."""
+    for num_cached in (0, 128, 128):
+        serve(metrics, [make_out(136, 1, num_cached=num_cached),
+                        make_out(136, 2, num_cached=num_cached, reason="length")])
+    s = scrape(metrics)
+    assert s["vllm:prompt_tokens_total{}"] == 408
+    assert s["vllm:prompt_tokens_by_source_total{source=local_compute}"] == 152
+    assert s["vllm:prompt_tokens_by_source_total{source=local_cache_hit}"] == 256
+    assert s["vllm:prompt_tokens_by_source_total{source=external_kv_transfer}"] == 0
+    assert s["vllm:prompt_tokens_cached_total{}"] == 256
+    assert s["vllm:generation_tokens_total{}"] == 7  # still the engine's count
+
+
+def test_per_request_histograms_are_observed_once_at_the_finish(metrics):
+    serve(metrics, [make_out(10, 1), make_out(10, 3)])
+    s = scrape(metrics)
+    assert s["vllm:request_prompt_tokens_count{}"] == 0
+    assert s["vllm:request_queue_time_seconds_count{}"] == 0
+    assert s["vllm:inter_token_latency_seconds_count{}"] == 1
+    metrics.observe(make_out(10, 4, reason="stop"), 0.02)
+    s = scrape(metrics)
+    assert s["vllm:request_success_total{finished_reason=stop}"] == 1
+    assert s["vllm:request_prompt_tokens_sum{}"] == 10
+    assert s["vllm:request_generation_tokens_sum{}"] == 4
+    assert s["vllm:request_generation_tokens_count{}"] == 1
+    assert s["vllm:e2e_request_latency_seconds_sum{}"] == FINISHED - ARRIVAL
+    assert s["vllm:request_queue_time_seconds_sum{}"] == SCHEDULED - ARRIVAL
+    assert s["vllm:request_prefill_time_seconds_sum{}"] == FIRST_TOKEN - SCHEDULED
+    assert s["vllm:request_decode_time_seconds_sum{}"] == FINISHED - FIRST_TOKEN
+    assert s["vllm:request_inference_time_seconds_sum{}"] == FINISHED - SCHEDULED
+    assert s["vllm:time_to_first_token_seconds_count{}"] == 1
+    assert s["vllm:prompt_tokens_total{}"] == 10  # once per request, not per output
+
+
+def test_token_buckets_follow_max_model_len():
+    assert buckets_1_2_5(1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
+    s = scrape(ServerMetrics("m", stats=dict, max_model_len=2048))
+    assert "vllm:request_prompt_tokens_bucket{le=2000.0}" in s
+    assert "vllm:request_prompt_tokens_bucket{le=5000.0}" not in s
+
+
+def test_finish_reasons_exist_at_zero_and_no_created_series(metrics):
+    s = scrape(metrics)
+    for reason in ("stop", "length", "abort"):
+        assert s[f"vllm:request_success_total{{finished_reason={reason}}}"] == 0
+    assert not [name for name in s if "_created" in name]
+
+
+def test_abort_after_some_output(metrics):
+    arrival = time.perf_counter() - 2.0
+    serve(metrics, [make_out(10, 1, arrival=arrival), make_out(10, 3, arrival=arrival)])
+    metrics.observe_abort(make_out(10, 3, arrival=arrival))
+    s = scrape(metrics)
+    assert s["vllm:request_success_total{finished_reason=abort}"] == 1
+    assert s["vllm:e2e_request_latency_seconds_count{}"] == 1
+    assert 2.0 <= s["vllm:e2e_request_latency_seconds_sum{}"] < 60.0
+    assert s["vllm:request_generation_tokens_sum{}"] == 3
+    assert s["vllm:request_prompt_tokens_sum{}"] == 10
+    assert s["vllm:request_queue_time_seconds_count{}"] == 1
+    # Without the time of its last token there is no decode or inference time to observe.
+    assert s["vllm:request_decode_time_seconds_count{}"] == 0
+    assert s["vllm:request_inference_time_seconds_count{}"] == 0
+
+
+def test_abort_before_any_output(metrics):
+    metrics.observe_abort(None, arrival_time=time.perf_counter() - 1.0)
+    metrics.observe_abort(None)  # nothing known but that it ended
+    s = scrape(metrics)
+    assert s["vllm:request_success_total{finished_reason=abort}"] == 2
+    assert s["vllm:e2e_request_latency_seconds_count{}"] == 1
+    assert s["vllm:e2e_request_latency_seconds_sum{}"] >= 1.0
+    assert s["vllm:request_prompt_tokens_count{}"] == 0
+    assert s["vllm:prompt_tokens_total{}"] == 0  # counted when a prefill is done, as vLLM does
+
+
+def test_abort_of_a_finished_request_is_not_counted_twice(metrics):
+    finished = make_out(10, 2, reason="stop")
+    serve(metrics, [finished])
+    metrics.observe_abort(finished)
+    s = scrape(metrics)
+    assert s["vllm:request_success_total{finished_reason=stop}"] == 1
+    assert s["vllm:request_success_total{finished_reason=abort}"] == 0
+    assert s["vllm:e2e_request_latency_seconds_count{}"] == 1
+
+
+def test_request_params(metrics):
+    metrics.observe_params(n=3, max_tokens=64)
+    metrics.observe_params(n=1, max_tokens=100)
+    s = scrape(metrics)
+    assert s["vllm:request_params_n_count{}"] == 2
+    assert s["vllm:request_params_n_sum{}"] == 4
+    assert s["vllm:request_params_max_tokens_count{}"] == 4  # once per choice
+    assert s["vllm:request_params_max_tokens_sum{}"] == 292
+
+
+def test_cache_config_info():
+    stats = {"kv_blocks_total": 512}
+    s = scrape(ServerMetrics("m", stats=lambda: stats, cache_config=CacheConfig(block_size=32)))
+    info = [(k, v) for k, v in s.items() if k.startswith("vllm:cache_config_info")]
+    assert len(info) == 1 and info[0][1] == 1
+    for label in ("block_size=32", "num_gpu_blocks=512", "enable_prefix_caching=True",
+                  "cache_dtype=auto"):
+        assert label in info[0][0]
+    assert not [k for k in scrape(ServerMetrics("m", stats=dict)) if "cache_config" in k]
+
+
+def test_engine_records_when_a_request_was_first_scheduled():
+    """The queue and prefill times need it; a preempted request's re-admission keeps it."""
+    sched = Scheduler(SchedulerConfig(), BlockManager(16, 4, True))
+    req = Request("a", list(range(8)), SamplingParams(max_tokens=4))
+    sched.add_request(req)
+    assert req.scheduled_time is None
+    sched.schedule()
+    first = req.scheduled_time
+    assert first is not None and first >= req.arrival_time
+    sched._preempt(req)
+    sched.schedule()
+    assert req.scheduled_time == first
+    out = make_output(req, tokenizer=None, num_new=0)
+    assert out.metrics.scheduled_time == first
