@@ -23,6 +23,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from specserve import SamplingParams, StructuredOutputsParams
+from specserve.engine.detokenizer import token_bytes
 
 MODEL = "SmolLM2-135M-Instruct"
 # fp32 so that greedy text matches the offline engine token for token; a small KV pool is quick
@@ -382,6 +383,39 @@ def test_non_streaming_disconnect_aborts(server: LiveServer):
         httpx.post(f"{server.url}/v1/completions", json=body, timeout=1.0)
     assert wait_until(lambda: kv_pool_is_free(server)), server.stats()
     assert server.metrics()[aborted] == before + 2
+
+
+def test_logprob_bytes_and_offsets_of_tokens_that_split_a_character(client: openai.OpenAI,
+                                                                     llm):
+    """Byte-level BPE splits an emoji over tokens that each decode to U+FFFD alone. Chat
+    logprobs carry each token's raw bytes, which together rebuild the reply; a completion's
+    text_offset counts characters, a token holding part of one adding nothing until it
+    completes (they used to be the bytes of U+FFFD, and offsets past the end of the text)."""
+    prompt = "Emoji list: \U0001F600 \U0001F603 \U0001F604 \U0001F389 "
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": prompt}], max_tokens=12,
+        temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    pieces = [bytes(t.bytes) for t in content]
+    assert any(p.decode(errors="replace") != p.decode(errors="ignore") for p in pieces), \
+        "no token's bytes end inside a character: wrong bytes, or nothing to test"
+    special = {"<|im_end|>", "<|endoftext|>"}
+    text = b"".join(p for p, t in zip(pieces, content, strict=True) if t.token not in special)
+    # (12 tokens may end inside a character, which the reply's text shows as U+FFFD)
+    assert text.decode(errors="ignore") == chat.choices[0].message.content.replace("\ufffd", "")
+    for t in content:
+        assert all(isinstance(top.bytes, list) for top in t.top_logprobs)
+
+    done = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0,
+                                     logprobs=0, extra_body={"ignore_eos": True})
+    choice = done.choices[0]
+    ids = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12,
+                                                ignore_eos=True))[0].outputs[0].token_ids
+    raw = [token_bytes(llm.get_tokenizer(), t) for t in ids]
+    assert any(r.decode(errors="replace") != r.decode(errors="ignore") for r in raw)
+    want = [len(b"".join(raw[:i]).decode(errors="ignore")) for i in range(len(raw))]
+    assert choice.logprobs.text_offset == want
+    assert max(choice.logprobs.text_offset) < len(choice.text)
 
 
 # ---- metrics -----------------------------------------------------------------------------------

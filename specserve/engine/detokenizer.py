@@ -1,4 +1,4 @@
-"""Incremental detokenization, for stop strings and streaming.
+"""Incremental detokenization, for stop strings and streaming; a token's raw bytes.
 
 Decoding a single token alone is wrong for byte-level BPE (a character can span tokens) and for
 tokenizers that add a leading space. A fast (Rust) tokenizer has this solved in
@@ -12,12 +12,39 @@ and emit only the text that grew past it, holding back an incomplete UTF-8 chara
 
 from __future__ import annotations
 
-from tokenizers.decoders import DecodeStream
+import functools
+import re
+
+from tokenizers.decoders import ByteLevel, DecodeStream
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from specserve.engine.request import Request
 
 # How many tokens of left context to re-decode with each new token (window fallback).
 _PREFIX_WINDOW = 5
+# SentencePiece's byte fallback writes a byte it has no piece for as <0xNN>.
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_bytes(tokenizer, token_id: int) -> bytes:
+    """The raw bytes a token stands for (OpenAI's logprob `bytes`). A token that holds part of a
+    UTF-8 character decodes to U+FFFD on its own, so the bytes come from its vocabulary entry:
+    byte-level BPE spells each byte as one character (GPT-2's table), SentencePiece spells a
+    byte it fell back to as <0xNN>. Anything else: the decoded text's bytes."""
+    piece = tokenizer.convert_ids_to_tokens(token_id)
+    if piece:
+        decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+        table = _byte_level_table()
+        if isinstance(decoder, ByteLevel) and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)
+        if match := _BYTE_PIECE.fullmatch(piece):
+            return bytes([int(match[1], 16)])
+    return tokenizer.decode([token_id]).encode()
+
+
+@functools.cache
+def _byte_level_table() -> dict[str, int]:
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def detokenize_incrementally(tokenizer, req: Request) -> str:

@@ -9,6 +9,7 @@ still running so that their KV blocks are freed before the next step.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import copy
 import functools
@@ -22,6 +23,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 from starlette.types import Receive, Scope, Send
 
+from specserve.engine.detokenizer import token_bytes
 from specserve.engine.prompts import encode_chat, encode_prompt
 from specserve.outputs import CompletionOutput, RequestOutput
 from specserve.sampling_params import SamplingParams
@@ -73,6 +75,9 @@ class OpenAIServing:
         # running one request short, every time a request is replaced).
         self._tokenizer = copy.deepcopy(engine.engine.tokenizer)
         self._token_text = functools.lru_cache(maxsize=1 << 16)(self._decode_token)
+        self._token_bytes = functools.lru_cache(maxsize=1 << 16)(
+            functools.partial(token_bytes, self._tokenizer))
+        self._special_ids = frozenset(self._tokenizer.all_special_ids)
 
     # ---- endpoints ----------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
@@ -95,8 +100,8 @@ class OpenAIServing:
         choices = []
         for i, out in enumerate(outputs):
             c = out.outputs[0]
-            logprobs = (None if c.logprobs is None
-                        else self._completion_logprobs(c.token_ids, c.logprobs, 0))
+            logprobs = (None if c.logprobs is None else self._completion_logprobs(
+                c.token_ids, c.logprobs, _TextOffsets(), req.skip_special_tokens))
             choices.append(CompletionChoice(index=i, text=c.text, logprobs=logprobs,
                                             finish_reason=c.finish_reason,
                                             stop_reason=c.stop_reason))
@@ -192,9 +197,8 @@ class OpenAIServing:
             logprobs = None
             if token_logprobs is not None:
                 logprobs = self._completion_logprobs(token_ids, token_logprobs,
-                                                     deltas.text_offsets[i])
-                if logprobs.tokens:
-                    deltas.text_offsets[i] = logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+                                                     deltas.text_offsets[i],
+                                                     req.skip_special_tokens)
             if not text and not out.finished and logprobs is None:
                 continue
             if out.finished:
@@ -258,16 +262,15 @@ class OpenAIServing:
         return self._tokenizer.decode([token_id])
 
     def _completion_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[dict[int, float]],
-                             offset: int) -> CompletionLogprobs:
+                             offsets: _TextOffsets, skip_special: bool) -> CompletionLogprobs:
         result = CompletionLogprobs()
         for token, entry in zip(token_ids, logprobs, strict=True):
-            text = self._token_text(token)
-            result.tokens.append(text)
+            result.tokens.append(self._token_text(token))
             result.token_logprobs.append(entry[token])
             # The sampled token is always included, so there may be logprobs + 1 entries.
             result.top_logprobs.append({self._token_text(t): lp for t, lp in entry.items()})
-            result.text_offset.append(offset)
-            offset += len(text)
+            skipped = skip_special and token in self._special_ids  # not in the text
+            result.text_offset.append(offsets.add(b"" if skipped else self._token_bytes(token)))
         return result
 
     def _chat_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[dict[int, float]],
@@ -277,13 +280,27 @@ class OpenAIServing:
             text = self._token_text(token)
             top = sorted(entry.items(), key=lambda kv: kv[1], reverse=True)[:num_top]
             content.append(TokenLogprob(token=text, logprob=entry[token],
-                                        bytes=list(text.encode()),
+                                        bytes=list(self._token_bytes(token)),
                                         top_logprobs=[self._top(t, lp) for t, lp in top]))
         return ChatChoiceLogprobs(content=content)
 
     def _top(self, token: int, logprob: float) -> TopLogprob:
         text = self._token_text(token)
-        return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode()))
+        return TopLogprob(token=text, logprob=logprob, bytes=list(self._token_bytes(token)))
+
+
+class _TextOffsets:
+    """Where each token of a choice starts in its text, in characters (OpenAI's text_offset). A
+    token that holds part of a UTF-8 character adds nothing until a later one completes it."""
+
+    def __init__(self) -> None:
+        self.chars = 0
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, raw: bytes) -> int:
+        start = self.chars
+        self.chars += len(self._utf8.decode(raw))
+        return start
 
 
 class _DeltaTracker:
@@ -296,7 +313,7 @@ class _DeltaTracker:
         self.holdback = max((len(s) for s in stops), default=1) - 1
         self.sent_chars = [0] * num_choices
         self.sent_tokens = [0] * num_choices
-        self.text_offsets = [0] * num_choices  # completion logprobs: where the next token starts
+        self.text_offsets = [_TextOffsets() for _ in range(num_choices)]  # completion logprobs
 
     def text(self, i: int, text: str, finished: bool) -> str:
         start, end = self.sent_chars[i], len(text) if finished else len(text) - self.holdback
