@@ -1,5 +1,5 @@
 """Unit tests for the server's Prometheus metrics (specserve/server/metrics.py), fed RequestOutputs
-built here: no model, no server."""
+built here (no server); the tokens-per-step histogram reads the offline engine's counts."""
 
 from __future__ import annotations
 
@@ -145,6 +145,22 @@ def test_request_params(metrics):
     assert s["vllm:request_params_n_sum{}"] == 4
     assert s["vllm:request_params_max_tokens_count{}"] == 4  # once per choice
     assert s["vllm:request_params_max_tokens_sum{}"] == 292
+
+
+def test_iteration_tokens_from_the_engine_s_step_counts(llm):
+    """vLLM's iteration_tokens_total: a histogram of the tokens each engine step computed, from
+    the engine's own counts (a 9-token prefill, then 3 one-token decodes)."""
+    before = dict(llm.get_stats())
+    llm.generate([list(range(100, 109))], SamplingParams(temperature=0, max_tokens=4,
+                                                         ignore_eos=True))
+    stats = llm.get_stats()
+    moved = [a - b for a, b in zip(stats["step_token_counts"], before["step_token_counts"],
+                                   strict=True)]
+    assert moved[0] == 3 and moved[2] == 1 and sum(moved) == 4  # buckets <= 1 and <= 16
+    s = scrape(ServerMetrics("m", stats=lambda: stats))
+    assert s["vllm:iteration_tokens_total_count{}"] == sum(stats["step_token_counts"])
+    assert s["vllm:iteration_tokens_total_sum{}"] == stats["num_step_tokens"]
+    assert s["vllm:iteration_tokens_total_bucket{le=1}"] == stats["step_token_counts"][0]
 
 
 def test_cache_config_info():

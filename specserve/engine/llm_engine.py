@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +35,8 @@ from specserve.spec_decode.config import SpeculativeConfig
 from specserve.spec_decode.policy import SpecPolicy, build_policy
 from specserve.spec_decode.profiler import profile_forward
 
+STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
+
 
 @dataclass(slots=True)
 class EngineStats:
@@ -56,6 +59,11 @@ class EngineStats:
     # acceptance stays its own.
     num_jump_forward_tokens: int = 0
     num_jump_forward_accepted: int = 0
+    # Tokens per step (vLLM's iteration_tokens_total): steps per bucket of STEP_TOKEN_BUCKETS
+    # (<= each bound; the last slot counts larger steps), and their sum.
+    step_token_counts: list[int] = field(
+        default_factory=lambda: [0] * (len(STEP_TOKEN_BUCKETS) + 1))
+    num_step_tokens: int = 0
 
 
 logger = logging.getLogger("specserve")
@@ -348,8 +356,12 @@ class LLMEngine:
             self.proposer.last_forwards = []
             self.planner.propose(self.spec_policy)
             self.stats.spec_time += time.perf_counter() - t_spec
-        self.stats.num_steps += 1
-        self.stats.step_time += time.perf_counter() - t0
+        stats = self.stats
+        stats.num_steps += 1
+        stats.step_token_counts[bisect.bisect_left(STEP_TOKEN_BUCKETS,
+                                                   sched.total_num_tokens)] += 1
+        stats.num_step_tokens += sched.total_num_tokens
+        stats.step_time += time.perf_counter() - t0
         return outputs
 
     def _hand_over_hidden(self, scheduled, computed_before: list[int], query_start: list[int],
@@ -466,6 +478,8 @@ class LLMEngine:
             "max_concurrent_1k_seqs": bm.num_blocks * bm.block_size // 1024,
             "forward_time_s": s.forward_time,
             "step_time_s": s.step_time,
+            "step_token_counts": list(s.step_token_counts),
+            "num_step_tokens": s.num_step_tokens,
             **self.spec_stats(),
         }
 

@@ -9,6 +9,7 @@ default one (and its other users) out of /metrics.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable
 
@@ -20,10 +21,16 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from specserve.config import CacheConfig
+from specserve.engine.llm_engine import STEP_TOKEN_BUCKETS
 from specserve.outputs import RequestOutput
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -90,8 +97,22 @@ class _EngineStatsCollector(Collector):
             family = GaugeMetricFamily(name, doc, labels=list(self._labels))
             family.add_metric(list(self._labels.values()), float(stats.get(key) or 0))
             yield family
+        if stats.get("step_token_counts"):
+            yield _iteration_tokens(stats["step_token_counts"], stats["num_step_tokens"],
+                                    self._labels)
         if self._cache_config is not None:
             yield _cache_config_info(self._cache_config, stats.get("kv_blocks_total"))
+
+
+def _iteration_tokens(counts: list[int], total: int, labels: dict[str, str]) -> Metric:
+    """vLLM's tokens-per-step histogram, from the engine's own bucket counts (STEP_TOKEN_BUCKETS
+    and one slot past the last bound)."""
+    family = HistogramMetricFamily("vllm:iteration_tokens_total",
+                                   "Tokens computed per engine step.", labels=list(labels))
+    bounds = [str(b) for b in STEP_TOKEN_BUCKETS] + ["+Inf"]
+    family.add_metric(list(labels.values()), list(zip(bounds, itertools.accumulate(counts),
+                                                      strict=True)), sum_value=total)
+    return family
 
 
 def _cache_config_info(cache: CacheConfig, num_blocks: int | None) -> Metric:
