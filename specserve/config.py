@@ -73,6 +73,9 @@ def parse_memory_size(value: str) -> int | float:
                          "a number of bytes, or a fraction of free memory in (0, 1]")
     number, unit = float(m.group(1)), m.group(2)
     if unit is None:
+        if 1 < number and not number.is_integer():  # "1.5": neither bytes nor a fraction
+            raise ValueError(f"cannot read memory size {value!r}: a fraction of free memory "
+                             "must be in (0, 1], a number of bytes a whole number")
         return number if number <= 1 else int(number)
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit[0]]
     return int(number * scale)
@@ -106,8 +109,10 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 512  # a prefill chunk is at most this long
 
     def __post_init__(self) -> None:
-        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
-            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        if min(self.max_num_batched_tokens, self.max_num_seqs,
+               self.long_prefill_token_threshold) < 1:
+            raise ValueError("max_num_batched_tokens, max_num_seqs and "
+                             "long_prefill_token_threshold must be >= 1")
 
 
 @dataclass(frozen=True, slots=True)

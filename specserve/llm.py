@@ -90,10 +90,11 @@ class LLM:
                                template_kwargs=chat_template_kwargs) for c in convs]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
-    def generate_stream(self, prompt: str | list[int], sampling_params: SamplingParams | None = None
+    def generate_stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None
                         ) -> Iterator[RequestOutput]:
-        """Yield the growing output of one request after every step that extends it."""
-        req = self.engine.add_request(prompt, sampling_params, stream=True)
+        """Yield the growing output of one request after every step that extends it (a prompt
+        as `generate` takes one)."""
+        req = self.engine.add_request(_prompt_input(prompt), sampling_params, stream=True)
         try:
             while True:
                 for out in self.engine.step():

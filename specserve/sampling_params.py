@@ -58,6 +58,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_int(value: Any) -> bool:
+    """An integer, True and False not counted (Python's bool is an int: n=True would be 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 @dataclass(slots=True)
 class SamplingParams:
     n: int = 1
@@ -75,7 +80,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     # Speculation override for this request: None = engine default, 0 = off, else K_max.
     num_speculative_tokens: int | None = None
-    # None: the engine's policy; "off" | "static" | "adaptive" for this request alone.
+    # "off": no drafts for this request; "static": always its K_max; None or "adaptive": the
+    # engine's policy decides (the controller, under the default adaptive policy; an engine
+    # built with another policy has no cost model to decide one request by).
     speculation_policy: str | None = None
     structured_outputs: StructuredOutputsParams | None = None
     # vLLM's / OpenAI's logit processing (sample/penalties.py).
@@ -108,35 +115,39 @@ class SamplingParams:
         def bad(msg: str) -> None:
             raise ValueError(msg)
 
-        if not isinstance(self.n, int) or self.n < 1:
+        if not _is_int(self.n) or self.n < 1:
             bad(f"n must be an integer >= 1, got {self.n!r}")
         if not isinstance(self.temperature, (int, float)) or not 0 <= self.temperature < math.inf:
             bad(f"temperature must be >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:  # NaN fails too
             bad(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _is_int(self.top_k) or self.top_k < 0:
             bad(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int)
+        if self.max_tokens is not None and (not _is_int(self.max_tokens)
                                             or self.max_tokens < 1):
             bad(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
             bad(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             bad(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+        if self.logprobs is not None and (not _is_int(self.logprobs)
+                                          or not 0 <= self.logprobs <= 20):
             bad(f"logprobs must be in 0..20, got {self.logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop must be a non-empty string or a list of non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             bad("stop_token_ids must be non-negative integers")
-        if self.seed is not None and (not isinstance(self.seed, int)
+        if self.seed is not None and (not _is_int(self.seed)
                                       or not -2**63 <= self.seed < 2**64):
             bad(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                bad(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.speculation_policy not in (None, "off", "static", "adaptive"):
             bad("speculation_policy must be one of off, static, adaptive, got "
                 f"{self.speculation_policy!r}")
         k = self.num_speculative_tokens
-        if k is not None and (not isinstance(k, int) or k < 0 or k > 16):
+        if k is not None and (not _is_int(k) or k < 0 or k > 16):
             bad(f"num_speculative_tokens must be in 0..16, got {k!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
@@ -147,8 +158,7 @@ class SamplingParams:
             bad(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
         if self.logit_bias is not None and (
                 not isinstance(self.logit_bias, dict)
-                or any(not isinstance(t, int) or isinstance(t, bool) or t < 0
-                       for t in self.logit_bias)
+                or any(not _is_int(t) or t < 0 for t in self.logit_bias)
                 or any(not isinstance(v, float) or not -100 <= v <= 100
                        for v in self.logit_bias.values())):
             bad("logit_bias must map token ids (integers >= 0) to numbers in [-100, 100]")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specserve import LLM, SamplingParams
-from specserve.config import CacheConfig
+from specserve.config import CacheConfig, SchedulerConfig
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
@@ -167,8 +167,9 @@ def test_stop_strings_stop_tokens_eos_and_logprobs(llm):
 
 def test_chat_options_render_as_the_template_does(llm):
     """LLM.chat renders as the server does: vLLM's continue_final_message leaves the assistant's
-    last message open (the reply continues it), and OpenAI's developer role is the system role
-    for a template that predates it (SmolLM2's ChatML would print it as an unknown role)."""
+    last message open (the reply continues it), OpenAI's developer role is the system role
+    for a template that predates it (SmolLM2's ChatML would print it as an unknown role), and
+    text parts are joined (they raised a TypeError inside the template)."""
     tok = llm.engine.tokenizer
     params = SamplingParams(temperature=0, max_tokens=4)
     opened = [{"role": "user", "content": "Count to five"},
@@ -183,6 +184,16 @@ def test_chat_options_render_as_the_template_does(llm):
     system = llm.chat([{"role": "system", "content": "Be brief."}, *hello], params)[0]
     developer = llm.chat([{"role": "developer", "content": "Be brief."}, *hello], params)[0]
     assert developer.prompt_token_ids == system.prompt_token_ids
+    # OpenAI's text parts, joined by newlines as the server joins them
+    parts = [{"type": "text", "text": "Say"}, {"type": "text", "text": "hello."}]
+    joined = llm.chat([{"role": "user", "content": parts}], params)[0]
+    assert joined.prompt_token_ids == llm.chat([{"role": "user", "content": "Say\nhello."}],
+                                               params)[0].prompt_token_ids
+    with pytest.raises(ValueError, match="text"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url"}]}], params)
+    # a prompt dict streams as it generates
+    streamed = list(llm.generate_stream({"prompt": "Say hello."}, params))[-1]
+    assert streamed.prompt_token_ids == llm.generate("Say hello.", params)[0].prompt_token_ids
 
 
 def test_min_tokens_keeps_stops_from_being_sampled(llm):
@@ -229,9 +240,17 @@ def test_kv_cache_memory_reads_sizes_as_the_cli_does():
     assert CacheConfig(kv_cache_memory="2GiB").kv_cache_memory == 2 << 30
     assert CacheConfig(kv_cache_memory="512 MiB").kv_cache_memory == 512 << 20
     assert CacheConfig(kv_cache_memory="0.25").kv_cache_memory == 0.25
-    for bad in ("lots", "2 GB of it", "1.2.3GiB"):
+    for bad in ("lots", "2 GB of it", "1.2.3GiB", "1.5"):  # 1.5: not bytes, not a fraction
         with pytest.raises(ValueError, match="cannot read memory size"):
             CacheConfig(kv_cache_memory=bad)
+    with pytest.raises(ValueError, match="long_prefill_token_threshold"):
+        SchedulerConfig(long_prefill_token_threshold=0)  # once a numpy error at the first step
+
+
+def test_a_pool_too_small_for_one_block_names_only_what_is_configured():
+    with pytest.raises(ValueError, match="does not cover one KV block") as caught:
+        LLM(dtype="float32", kv_cache_memory="10KiB")
+    assert "draft" not in str(caught.value)  # no draft was configured
 
 
 def test_bad_prompts_are_refused_and_the_engine_keeps_serving(llm):

@@ -224,8 +224,16 @@ def test_temperature_sharpens_and_flattens():
     ({"min_tokens": 20, "max_tokens": 16}, "min_tokens"),
     ({"structured_outputs": {"json": {}}}, "structured_outputs"),
     ({"logprobs": 21}, "logprobs"),
+    ({"logprobs": 1.5}, "logprobs"),  # once accepted, then a crash of the step that used it
+    ({"logprobs": "2"}, "logprobs"),
     ({"seed": 1.5}, "seed"),
     ({"num_speculative_tokens": 17}, "num_speculative_tokens"),
+    # bool is an int in Python: n=True read as 1, ignore_eos="yes" as true
+    ({"n": True}, "n"),
+    ({"num_speculative_tokens": True}, "num_speculative_tokens"),
+    ({"stop_token_ids": [True]}, "stop_token_ids"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"skip_special_tokens": "no"}, "skip_special_tokens"),
 ])
 def test_sampling_params_rejects_bad_values(kwargs, field):
     with pytest.raises(ValueError, match=rf"\b{field}\b"):

@@ -115,10 +115,12 @@ class LLMEngine:
         budget = cache.kv_cache_memory
         if isinstance(budget, float):
             budget = int(budget * _available_memory(self.device))
-        if cache.num_blocks is None and budget - draft_weights < cache.block_size * token_bytes:
-            raise ValueError(f"kv_cache_memory ({budget / 2**20:.0f} MiB) does not cover the "
-                             f"draft model's weights ({draft_weights / 2**20:.0f} MiB) plus one "
-                             "KV block: raise kv_cache_memory")
+        block_bytes = cache.block_size * (token_bytes + draft_per_token)
+        if cache.num_blocks is None and budget - draft_weights < block_bytes:
+            draft = (f"the draft model's weights ({draft_weights / 2**20:.0f} MiB) plus "
+                     if draft_weights else "")
+            raise ValueError(f"kv_cache_memory ({budget} bytes) does not cover {draft}one KV "
+                             f"block ({block_bytes} bytes): raise kv_cache_memory")
         num_blocks = cache.num_blocks or max(
             (budget - draft_weights) // (cache.block_size * (token_bytes + draft_per_token)), 1)
         self.runner = ModelRunner(self.model, cfg, cache, num_blocks, kv_dtype)

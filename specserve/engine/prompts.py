@@ -42,6 +42,7 @@ def encode_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool 
     if kwargs["continue_final_message"] and kwargs["add_generation_prompt"]:
         # As vLLM: a new assistant turn and the last message left open contradict each other.
         raise ValueError("continue_final_message needs add_generation_prompt to be false")
+    messages = [_text_content(m) for m in messages]
     if not _knows_developer_role(str(tokenizer.chat_template)):
         # OpenAI's developer role is the system role under its new name; a template older than
         # it would print it as an unknown role (ChatML) or refuse it.
@@ -52,6 +53,19 @@ def encode_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool 
     except TemplateError as exc:  # e.g. a template that rejects the order of roles
         raise ValueError(f"the chat template refused these messages: {exc}") from exc
     return encode_prompt(tokenizer, text)
+
+
+def _text_content(message: dict) -> dict:
+    """OpenAI's content as a list of parts, flattened as the server flattens it: text parts
+    joined by newlines (a template expects a string)."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+               for p in content):
+        raise ValueError("message content must be a string or a list of "
+                         '{"type": "text", "text": ...} parts')
+    return {**message, "content": "\n".join(p["text"] for p in content)}
 
 
 @functools.lru_cache(maxsize=8)
