@@ -538,14 +538,14 @@ def test_continuous_usage_stats(server: LiveServer, path: str, body: dict):
 
 def test_text_chunk_with_usage_equals_the_pydantic_model():
     from specserve.server.protocol import ChatCompletionChunk, ChatStreamChoice, DeltaMessage
-    from specserve.server.serving import _TextChunk
+    from specserve.server.streaming import TextChunk
 
     def make(i: int, text: str, usage=None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id="chatcmpl-x", created=1, model='m "usage":null', usage=usage,
                                    choices=[ChatStreamChoice(index=i,
                                                              delta=DeltaMessage(content=text))])
 
-    chunk = _TextChunk(make)
+    chunk = TextChunk(make)
     usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
     for text in ("", ' say "hi"', "中文\n"):
         assert json.loads(chunk.render(1, text, (7, 3))) == json.loads(

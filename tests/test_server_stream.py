@@ -20,7 +20,7 @@ from specserve.server.protocol import (
     CompletionResponse,
     DeltaMessage,
 )
-from specserve.server.serving import _TextChunk
+from specserve.server.streaming import TextChunk
 
 TEXTS = ["", " the", 'say "hi"', "back\\slash", "line\nbreak\ttab\r", "\x00\x01\x1f\x7f",
          "héllo wörld", "中文", "emoji 🚀", "\u2028\u2029", "</script>", "{\"a\": [1]}"]
@@ -38,7 +38,7 @@ def _completion(i: int, text: str) -> CompletionResponse:
 
 @pytest.mark.parametrize("make", [_chat, _completion])
 def test_text_chunk_template_equals_the_pydantic_model(make):
-    chunk = _TextChunk(make)
+    chunk = TextChunk(make)
     for index in (0, 3):
         for text in TEXTS:
             rendered = chunk.render(index, text)

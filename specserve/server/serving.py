@@ -8,24 +8,20 @@ still running so that their KV blocks are freed before the next step.
 
 from __future__ import annotations
 
-import asyncio
-import codecs
 import contextlib
 import copy
 import functools
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel
-from starlette.types import Receive, Scope, Send
 
 from specserve.engine.detokenizer import token_bytes
 from specserve.engine.prompts import encode_chat, encode_prompt
-from specserve.outputs import CompletionOutput, RequestOutput
+from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
 from specserve.server.async_engine import (
     AsyncEngine,
@@ -33,9 +29,8 @@ from specserve.server.async_engine import (
     EngineDeadError,
     OutputStream,
     QueueFullError,
-    RequestAborted,
 )
-from specserve.server.errors import APIError, error_body
+from specserve.server.errors import APIError
 from specserve.server.metrics import ServerMetrics
 from specserve.server.protocol import (
     ChatChoice,
@@ -53,6 +48,13 @@ from specserve.server.protocol import (
     TokenLogprob,
     TopLogprob,
     UsageInfo,
+)
+from specserve.server.streaming import (
+    DeltaTracker,
+    EventStreamResponse,
+    TextChunk,
+    TextOffsets,
+    collect_outputs,
 )
 
 # nginx's code for "client closed request": never seen by the client, only in access logs.
@@ -94,14 +96,14 @@ class OpenAIServing:
         if req.stream:
             events = self._completion_events(request_id, req, stream, num_prompt_tokens)
             return EventStreamResponse(events, stream)
-        outputs = await _collect(stream, raw)
+        outputs = await collect_outputs(stream, raw)
         if outputs is None:
             return Response(status_code=_CLIENT_CLOSED)
         choices = []
         for i, out in enumerate(outputs):
             c = out.outputs[0]
             logprobs = (None if c.logprobs is None else self._completion_logprobs(
-                c.token_ids, c.logprobs, _TextOffsets(), req.skip_special_tokens))
+                c.token_ids, c.logprobs, TextOffsets(), req.skip_special_tokens))
             choices.append(CompletionChoice(index=i, text=c.text, logprobs=logprobs,
                                             finish_reason=c.finish_reason,
                                             stop_reason=c.stop_reason))
@@ -120,7 +122,7 @@ class OpenAIServing:
         if req.stream:
             events = self._chat_events(request_id, req, stream, len(prompt_ids))
             return EventStreamResponse(events, stream)
-        outputs = await _collect(stream, raw)
+        outputs = await collect_outputs(stream, raw)
         if outputs is None:
             return Response(status_code=_CLIENT_CLOSED)
         choices = []
@@ -182,9 +184,9 @@ class OpenAIServing:
                                  stream: OutputStream, num_prompt_tokens: int,
                                  ) -> AsyncIterator[BaseModel | str]:
         created = int(time.time())
-        deltas = _DeltaTracker(len(stream.request_ids), req.stop)
+        deltas = DeltaTracker(len(stream.request_ids), req.stop)
         final: list[RequestOutput | None] = [None] * len(stream.request_ids)
-        text_chunk = _TextChunk(lambda i, text: CompletionResponse(
+        text_chunk = TextChunk(lambda i, text: CompletionResponse(
             id=request_id, created=created, model=self.model_name,
             choices=[CompletionChoice(index=i, text=text)]))
         continuous_usage, num_tokens = req.continuous_usage, None
@@ -231,9 +233,9 @@ class OpenAIServing:
             yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant",
                                                                       content=""))],
                         _usage_info(num_tokens))
-        deltas = _DeltaTracker(num_choices, req.stop)
+        deltas = DeltaTracker(num_choices, req.stop)
         final: list[RequestOutput | None] = [None] * num_choices
-        text_chunk = _TextChunk(lambda i, text: chunk(
+        text_chunk = TextChunk(lambda i, text: chunk(
             [ChatStreamChoice(index=i, delta=DeltaMessage(content=text))]))
         async for i, out in stream:
             c = out.outputs[0]
@@ -262,7 +264,7 @@ class OpenAIServing:
         return self._tokenizer.decode([token_id])
 
     def _completion_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[dict[int, float]],
-                             offsets: _TextOffsets, skip_special: bool) -> CompletionLogprobs:
+                             offsets: TextOffsets, skip_special: bool) -> CompletionLogprobs:
         result = CompletionLogprobs()
         for token, entry in zip(token_ids, logprobs, strict=True):
             result.tokens.append(self._token_text(token))
@@ -289,95 +291,6 @@ class OpenAIServing:
         return TopLogprob(token=text, logprob=logprob, bytes=list(self._token_bytes(token)))
 
 
-class _TextOffsets:
-    """Where each token of a choice starts in its text, in characters (OpenAI's text_offset). A
-    token that holds part of a UTF-8 character adds nothing until a later one completes it."""
-
-    def __init__(self) -> None:
-        self.chars = 0
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def add(self, raw: bytes) -> int:
-        start = self.chars
-        self.chars += len(self._utf8.decode(raw))
-        return start
-
-
-class _DeltaTracker:
-    """What each choice has sent so far. While a stop string could still match, the last
-    len(stop) - 1 characters are held back: the engine cuts the text where the match begins,
-    which can lie in text an earlier step already produced."""
-
-    def __init__(self, num_choices: int, stop: str | list[str] | None):
-        stops = [stop] if isinstance(stop, str) else (stop or [])
-        self.holdback = max((len(s) for s in stops), default=1) - 1
-        self.sent_chars = [0] * num_choices
-        self.sent_tokens = [0] * num_choices
-        self.text_offsets = [_TextOffsets() for _ in range(num_choices)]  # completion logprobs
-
-    def text(self, i: int, text: str, finished: bool) -> str:
-        start, end = self.sent_chars[i], len(text) if finished else len(text) - self.holdback
-        if end <= start:
-            return ""
-        self.sent_chars[i] = end
-        return text[start:end]
-
-    def tokens(self, i: int, c: CompletionOutput) -> tuple[list[int], list[dict] | None]:
-        start = self.sent_tokens[i]
-        self.sent_tokens[i] = len(c.token_ids)
-        return c.token_ids[start:], None if c.logprobs is None else c.logprobs[start:]
-
-
-class _TextChunk:
-    """The JSON of a streamed chunk that carries only new text (the chunk sent for nearly every
-    token), rendered from the response's own pydantic model once per choice: the model is
-    dumped with a placeholder text, and each token's chunk is that JSON with the placeholder
-    replaced. ~0.5 µs per chunk against ~6 µs for building and dumping the models, on the
-    thread that also carries every other stream. With continuous usage stats, the model's
-    `"usage":null` (its last field, after the text) is replaced too."""
-
-    _PLACEHOLDER = "\x00specserve-text\x00"
-    _NO_USAGE = '"usage":null'
-
-    def __init__(self, make: Callable[[int, str], BaseModel]):
-        self._make = make
-        # index -> (head, tail, tail before usage, tail after usage)
-        self._templates: dict[int, tuple[str, str, str, str]] = {}
-
-    def render(self, index: int, text: str, num_tokens: tuple[int, int] | None = None) -> str:
-        """num_tokens: (prompt, completion) tokens so far, to send as usage; None: no usage."""
-        template = self._templates.get(index)
-        if template is None:
-            dumped = self._make(index, self._PLACEHOLDER).model_dump_json()
-            head, tail = dumped.split(json.dumps(self._PLACEHOLDER))
-            before, found, after = tail.rpartition(self._NO_USAGE)
-            assert found, "the chunk model's last field must be usage"
-            template = self._templates[index] = (head, tail, before, after)
-        if num_tokens is None:
-            return template[0] + json.dumps(text, ensure_ascii=False) + template[1]
-        prompt, completion = num_tokens
-        usage = (f'"usage":{{"prompt_tokens":{prompt},"completion_tokens":{completion},'
-                 f'"total_tokens":{prompt + completion}}}')
-        return (template[0] + json.dumps(text, ensure_ascii=False) + template[2] + usage
-                + template[3])
-
-
-class EventStreamResponse(StreamingResponse):
-    """Server-sent events ending with `data: [DONE]`. However the response ends (finished,
-    client gone, server stopping) the engine requests behind it are aborted at once."""
-
-    def __init__(self, events: AsyncIterator[BaseModel | str], stream: OutputStream):
-        super().__init__(_sse(events), media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._stream = stream
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._stream.close()
-
-
 @contextlib.contextmanager
 def _refused_as_400() -> Iterator[None]:
     """A ValueError from reading the request (SamplingParams, the chat template, the engine's
@@ -387,49 +300,6 @@ def _refused_as_400() -> Iterator[None]:
         yield
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc
-
-
-async def _sse(events: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
-    try:
-        async for event in events:
-            yield f"data: {event if isinstance(event, str) else event.model_dump_json()}\n\n"
-    except (RequestAborted, EngineDeadError) as exc:
-        # The status line is long gone: report the failure in-band, as OpenAI does.
-        yield f"data: {json.dumps(error_body(503, str(exc)))}\n\n"
-    yield "data: [DONE]\n\n"
-
-
-async def _collect(stream: OutputStream, raw: Request) -> list[RequestOutput] | None:
-    """The final output of every choice, or None if the client hung up first (then the engine
-    requests are aborted at once rather than generating for nobody)."""
-    final: list[RequestOutput | None] = [None] * len(stream.request_ids)
-
-    async def drain() -> None:
-        async for i, out in stream:
-            final[i] = out
-
-    work = asyncio.ensure_future(drain())
-    hangup = asyncio.ensure_future(_wait_for_disconnect(raw))
-    try:
-        await asyncio.wait((work, hangup), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        hangup.cancel()
-        work.cancel()  # a no-op when it is done
-        stream.close()
-    if not work.done() or work.cancelled():
-        return None
-    try:
-        work.result()
-    except (RequestAborted, EngineDeadError) as exc:
-        raise APIError(503, str(exc)) from exc
-    return final
-
-
-async def _wait_for_disconnect(raw: Request) -> None:
-    # The body has been read, so the next ASGI message is the disconnect (or, after the
-    # response, a disconnect too; by then nobody waits for this).
-    while (await raw.receive())["type"] != "http.disconnect":
-        pass
 
 
 def _render_chat(tokenizer, req: ChatCompletionRequest) -> list[int]:
