@@ -10,7 +10,7 @@ from rich.progress import MofNCompleteColumn, Progress
 
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from specserve.engine.llm_engine import LLMEngine
-from specserve.engine.prompts import encode_chat
+from specserve.engine.prompts import render_chat
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
 
@@ -82,9 +82,9 @@ class LLM:
         """One conversation (a list of {"role", "content"}) or a list of conversations, rendered
         with the model's chat template as the server renders it (vLLM's options: the
         assistant's header, or the last assistant message left open to be continued; the
-        template's own variables)."""
+        template's own variables). Each output's `prompt` is the rendered text, as vLLM's."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [encode_chat(self.engine.tokenizer, c,
+        prompts = [render_chat(self.engine.tokenizer, c,
                                add_generation_prompt=add_generation_prompt,
                                continue_final_message=continue_final_message,
                                template_kwargs=chat_template_kwargs) for c in convs]

@@ -178,6 +178,7 @@ def test_chat_options_render_as_the_template_does(llm):
     want = tok.apply_chat_template(opened, tokenize=False, continue_final_message=True)
     assert out.prompt_token_ids == tok(want, add_special_tokens=False).input_ids
     assert tok.decode(out.prompt_token_ids).endswith("1, 2,")
+    assert out.prompt == want  # the rendered text, as vLLM's LLM.chat reports it
     with pytest.raises(ValueError, match="add_generation_prompt"):
         llm.chat(opened, params, continue_final_message=True)
     hello = [{"role": "user", "content": "Say hello."}]
@@ -245,6 +246,16 @@ def test_kv_cache_memory_reads_sizes_as_the_cli_does():
             CacheConfig(kv_cache_memory=bad)
     with pytest.raises(ValueError, match="long_prefill_token_threshold"):
         SchedulerConfig(long_prefill_token_threshold=0)  # once a numpy error at the first step
+
+
+def test_a_speculation_policy_is_checked_without_a_proposer(caplog):
+    """Without a speculative_config a policy governs only grammar-forced drafts: a bad name is
+    still refused, and a policy that drafts says that it has no proposer to draft with."""
+    with pytest.raises(ValueError, match="unknown speculation policy"):
+        LLM(dtype="float32", kv_cache_memory="64MiB", speculation_policy="sometimes")
+    with caplog.at_level("WARNING", logger="specserve"):
+        LLM(dtype="float32", kv_cache_memory="64MiB", speculation_policy="static")
+    assert "no proposer" in caplog.text
 
 
 def test_a_pool_too_small_for_one_block_names_only_what_is_configured():

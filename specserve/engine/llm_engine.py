@@ -153,6 +153,10 @@ class LLMEngine:
 
     def _build_policy(self, name: str, k_max: int | None = None) -> SpecPolicy | None:
         if self.proposer is None:
+            if name not in ("adaptive", "off"):
+                build_policy(name, 1)  # a bad name is refused, proposer or not
+                logger.warning("speculation_policy %r without a speculative_config: there is "
+                               "no proposer; only grammar-forced drafts follow it", name)
             return None
         k_max = k_max or self.spec_config.num_speculative_tokens
         if name != "adaptive":

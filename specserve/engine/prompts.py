@@ -25,9 +25,14 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
     return tokenizer(prompt, add_special_tokens=False).input_ids
 
 
-def encode_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,
+def encode_chat(tokenizer, messages: list[dict], **options: Any) -> list[int]:
+    """The conversation's token ids, as render_chat renders it."""
+    return encode_prompt(tokenizer, render_chat(tokenizer, messages, **options))
+
+
+def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, documents: list[dict] | None = None,
-                template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                template_kwargs: dict[str, Any] | None = None) -> str:
     """The conversation rendered by the model's chat template: by default closed with the
     assistant's header, ready for the reply; with continue_final_message the last (assistant)
     message is left open for the reply to continue. template_kwargs: the template's own
@@ -49,10 +54,9 @@ def encode_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool 
         messages = [{**m, "role": "system"} if m["role"] == "developer" else m
                     for m in messages]
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+        return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except TemplateError as exc:  # e.g. a template that rejects the order of roles
         raise ValueError(f"the chat template refused these messages: {exc}") from exc
-    return encode_prompt(tokenizer, text)
 
 
 def _text_content(message: dict) -> dict:
