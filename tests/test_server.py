@@ -416,6 +416,13 @@ def test_logprob_bytes_and_offsets_of_tokens_that_split_a_character(client: open
     want = [len(b"".join(raw[:i]).decode(errors="ignore")) for i in range(len(raw))]
     assert choice.logprobs.text_offset == want
     assert max(choice.logprobs.text_offset) < len(choice.text)
+    # A special token that is not one of the tokenizer's named ones (<repo_name>, id 3) is left
+    # out of the text too, and takes no room in the offsets.
+    forced = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, temperature=0,
+                                       logprobs=0, logit_bias={"3": 100},
+                                       extra_body={"ignore_eos": True})
+    assert forced.choices[0].text == ""
+    assert forced.choices[0].logprobs.text_offset == [0, 0, 0]
 
 
 # ---- metrics -----------------------------------------------------------------------------------

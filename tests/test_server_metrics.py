@@ -160,7 +160,7 @@ def test_iteration_tokens_from_the_engine_s_step_counts(llm):
     s = scrape(ServerMetrics("m", stats=lambda: stats))
     assert s["vllm:iteration_tokens_total_count{}"] == sum(stats["step_token_counts"])
     assert s["vllm:iteration_tokens_total_sum{}"] == stats["num_step_tokens"]
-    assert s["vllm:iteration_tokens_total_bucket{le=1}"] == stats["step_token_counts"][0]
+    assert s["vllm:iteration_tokens_total_bucket{le=1.0}"] == stats["step_token_counts"][0]
 
 
 def test_cache_config_info():

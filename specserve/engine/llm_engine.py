@@ -156,7 +156,8 @@ class LLMEngine:
             if name not in ("adaptive", "off"):
                 build_policy(name, 1)  # a bad name is refused, proposer or not
                 logger.warning("speculation_policy %r without a speculative_config: there is "
-                               "no proposer; only grammar-forced drafts follow it", name)
+                               "no proposer, and grammar-forced drafts run under any policy "
+                               "but off", name)
             return None
         k_max = k_max or self.spec_config.num_speculative_tokens
         if name != "adaptive":

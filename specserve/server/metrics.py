@@ -28,6 +28,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from specserve.config import CacheConfig
 from specserve.engine.llm_engine import STEP_TOKEN_BUCKETS
@@ -109,7 +110,7 @@ def _iteration_tokens(counts: list[int], total: int, labels: dict[str, str]) -> 
     and one slot past the last bound)."""
     family = HistogramMetricFamily("vllm:iteration_tokens_total",
                                    "Tokens computed per engine step.", labels=list(labels))
-    bounds = [str(b) for b in STEP_TOKEN_BUCKETS] + ["+Inf"]
+    bounds = [floatToGoString(b) for b in STEP_TOKEN_BUCKETS] + ["+Inf"]  # "1.0", as others
     family.add_metric(list(labels.values()), list(zip(bounds, itertools.accumulate(counts),
                                                       strict=True)), sum_value=total)
     return family

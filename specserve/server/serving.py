@@ -79,7 +79,11 @@ class OpenAIServing:
         self._token_text = functools.lru_cache(maxsize=1 << 16)(self._decode_token)
         self._token_bytes = functools.lru_cache(maxsize=1 << 16)(
             functools.partial(token_bytes, self._tokenizer))
-        self._special_ids = frozenset(self._tokenizer.all_special_ids)
+        # What skip_special_tokens leaves out of the text: every added token marked special
+        # (all_special_ids names only the few with a role, 3 of SmolLM2's 17).
+        self._special_ids = frozenset(self._tokenizer.all_special_ids) | frozenset(
+            i for i, t in getattr(self._tokenizer, "added_tokens_decoder", {}).items()
+            if t.special)
 
     # ---- endpoints ----------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
