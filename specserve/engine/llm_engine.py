@@ -121,8 +121,7 @@ class LLMEngine:
                      if draft_weights else "")
             raise ValueError(f"kv_cache_memory ({budget} bytes) does not cover {draft}one KV "
                              f"block ({block_bytes} bytes): raise kv_cache_memory")
-        num_blocks = cache.num_blocks or max(
-            (budget - draft_weights) // (cache.block_size * (token_bytes + draft_per_token)), 1)
+        num_blocks = cache.num_blocks or max((budget - draft_weights) // block_bytes, 1)
         self.runner = ModelRunner(self.model, cfg, cache, num_blocks, kv_dtype)
         self.block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         if self.proposer is not None:
@@ -309,6 +308,7 @@ class LLMEngine:
                               [r.spec_probs for r in reqs])
         t_forward = time.perf_counter() - t1
         self.stats.forward_time += t_forward
+        num_tokens = sched.total_num_tokens  # a sum over the batch: once per step
         if any(num_spec):
             self.stats.verify_time += time.perf_counter() - t1
         computed_before = [req.num_computed_tokens for req, _ in sched.scheduled]
@@ -356,18 +356,17 @@ class LLMEngine:
                 self._hand_over_hidden(sched.scheduled, computed_before, inputs.query_start,
                                        hidden)
             runs = [(c, n) for c, (_, n) in zip(computed_before, sched.scheduled, strict=True)]
-            self.spec_policy.observe_step(sched.total_num_tokens, t_forward,
+            self.spec_policy.observe_step(num_tokens, t_forward,
                                           self.proposer.last_forwards,
                                           self.planner.last_draft_time, runs,
-                                          sched.total_num_tokens - len(logits_indices))
+                                          num_tokens - len(logits_indices))
             self.proposer.last_forwards = []
             self.planner.propose(self.spec_policy)
             self.stats.spec_time += time.perf_counter() - t_spec
         stats = self.stats
         stats.num_steps += 1
-        stats.step_token_counts[bisect.bisect_left(STEP_TOKEN_BUCKETS,
-                                                   sched.total_num_tokens)] += 1
-        stats.num_step_tokens += sched.total_num_tokens
+        stats.step_token_counts[bisect.bisect_left(STEP_TOKEN_BUCKETS, num_tokens)] += 1
+        stats.num_step_tokens += num_tokens
         stats.step_time += time.perf_counter() - t0
         return outputs
 

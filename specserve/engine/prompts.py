@@ -60,7 +60,7 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool 
 
 
 def _text_content(message: dict) -> dict:
-    """OpenAI's content as a list of parts, flattened as the server flattens it: text parts
+    """OpenAI's content as a list of parts (offline or from the server), flattened: text parts
     joined by newlines (a template expects a string)."""
     content = message.get("content")
     if not isinstance(content, list):

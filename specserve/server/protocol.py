@@ -278,8 +278,8 @@ class TextPart(OpenAIModel):
 
 
 class ChatMessage(OpenAIModel):
-    # developer: OpenAI's successor of system (serving.py renders it as system for templates
-    # that predate it).
+    # developer: OpenAI's successor of system (engine/prompts.py renders it as system for
+    # templates that predate it).
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Annotated[StrictStr | list[TextPart] | None,
                        one_of("a string or a list of parts of type text")] = None
@@ -293,10 +293,10 @@ class ChatMessage(OpenAIModel):
         return self
 
     def to_template_dict(self) -> dict:
-        """What the chat template sees: content flattened to one string."""
+        """The message as engine/prompts.py renders it (which joins text parts)."""
         content = self.content or ""
         if not isinstance(content, str):
-            content = "\n".join(part.text for part in content)
+            content = [part.model_dump() for part in content]
         message = {"role": self.role, "content": content}
         if self.name is not None:
             message["name"] = self.name
