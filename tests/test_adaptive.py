@@ -518,6 +518,41 @@ def test_the_single_request_plan_equals_the_vector_plan(monkeypatch):
         assert fast[1] == pytest.approx(vector[1]) and fast[2] == pytest.approx(vector[2])
 
 
+def test_a_few_requests_of_a_free_proposer_are_planned_as_the_vector_form_plans(monkeypatch):
+    """Batches of 2-16 requests of a free proposer (n-gram) are planned in plain Python: over
+    random rates, caps, contexts, prefill, cost curves and previous totals the answer is the
+    vector form's (up to ties in the last bits)."""
+    from specserve.spec_decode import cost_model
+
+    rng = np.random.default_rng(2)
+    curves = [StepCostModel([1, 2, 4, 8, 16, 32], [8e-3, 8.2e-3, 8.8e-3, 9.5e-3, 11e-3, 14e-3],
+                            kv_read_s=8e-7, attention_s=2e-7, base_context=96),
+              StepCostModel([1, 16, 17, 32, 33, 64], [10e-3, 10e-3, 14e-3, 14e-3, 18e-3, 18e-3]),
+              StepCostModel([1, 64], [5e-3, 5e-3]), StepCostModel([1, 64], [5e-3, 60e-3])]
+    chosen = []
+    for trial in range(400):
+        n = int(rng.integers(2, cost_model.FEW_MAX_REQS + 1))
+        kwargs = dict(
+            alphas=rng.uniform(0, 1, size=(n, 4)) ** rng.uniform(0.2, 3) * rng.uniform(0, 1),
+            k_max=rng.integers(0, 6, size=n), num_base_tokens=n + int(rng.integers(0, 3)) * 64,
+            target_cost=curves[trial % 4],
+            prev_total=None if trial % 3 == 0 else int(rng.integers(0, 3 * n)),
+            contexts=rng.integers(10, 3000, size=n))
+        kwargs["num_prefill_tokens"] = kwargs["num_base_tokens"] - n
+        few = choose_num_speculative_tokens(**kwargs)
+        monkeypatch.setattr(cost_model, "FEW_MAX_REQS", 1)
+        vector = choose_num_speculative_tokens(**kwargs)
+        monkeypatch.undo()
+        # Sums taken in another order round differently: on a flat stretch of the curve two
+        # plans may tie to the last bits, and then either is the vector form's answer.
+        assert few[2] == pytest.approx(vector[2], rel=1e-12), kwargs
+        tie = few[2] != vector[2]
+        assert tie or few[0].tolist() == vector[0].tolist(), kwargs
+        assert tie or few[1] == pytest.approx(vector[1])
+        chosen.append(int(few[0].sum()))
+    assert sum(k > 0 for k in chosen) > 100 and chosen.count(0) > 100  # both answers were tested
+
+
 def recording_exit(fired: list[bool]):
     """The plan's early-exit test, appending each verdict to `fired`."""
     from specserve.spec_decode import cost_model
@@ -557,6 +592,7 @@ def test_the_early_exit_never_changes_a_plan(monkeypatch):
             catch_up=rng.integers(0, 5, size=n) ** 3, horizon=rng.integers(1, 60, size=n),
             prev_total=None if trial % 4 == 0 else int(rng.integers(0, 9)),
             contexts=rng.integers(10, 3000, size=n), num_prefill_tokens=prefill)
+        monkeypatch.setattr(cost_model, "FEW_MAX_REQS", 1)  # the vector form holds the exit
         monkeypatch.setattr(cost_model, "_no_plan_can_pay", counted)
         fast = choose_num_speculative_tokens(**kwargs)
         monkeypatch.setattr(cost_model, "_no_plan_can_pay", lambda *args: False)
@@ -579,6 +615,7 @@ def test_the_early_exit_is_tight_at_break_even(monkeypatch, with_draft):
     none_goodput = 2 / 0.020
     plan_time = 0.022 + (0.001 if with_draft else 0.0)
     fired: list[bool] = []
+    monkeypatch.setattr(cost_model, "FEW_MAX_REQS", 1)  # the vector form holds the exit
     monkeypatch.setattr(cost_model, "_no_plan_can_pay", recording_exit(fired))
     for factor, expected in ((1 + 1e-6, [1, 0]), (1 - 1e-6, [0, 0])):
         alpha = (1 + 0.03) * factor * none_goodput * plan_time - 2  # min_gain's default, 0.03

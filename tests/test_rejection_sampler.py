@@ -567,3 +567,36 @@ def test_greedy_verification_of_bf16_logits_is_that_of_their_fp32_copy():
     slow = rejection_sample(drafts, num_draft, logits.float(), None, greedy, [None] * 3)
     assert all(torch.equal(a, b) for a, b in zip(fast, slow, strict=True))
     assert fast[1].tolist() == [2, 0, 2]
+
+
+def test_a_greedy_batch_is_verified_as_the_rejection_sampler_verifies_it():
+    """emit_tokens verifies an all-greedy batch in plain Python over one argmax: over random
+    batches (K = 0-5 per request, drafts that match for a while, fp32 and bf16 logits) it emits
+    what the rejection sampler emits."""
+    from specserve.sample.emit import emit_tokens
+    from specserve.sampling_params import SamplingParams
+
+    g = torch.Generator().manual_seed(0)
+    accepted = []
+    for trial in range(200):
+        num_draft = torch.randint(0, 6, (int(torch.randint(1, 9, (1,), generator=g)),),
+                                  generator=g).tolist()
+        logits = torch.randn(sum(num_draft) + len(num_draft), 300, generator=g)
+        if trial % 2:
+            logits = logits.bfloat16()
+        best = logits.float().argmax(dim=-1).tolist()
+        drafts, row = [], 0
+        for k in num_draft:
+            right = int(torch.randint(0, k + 1, (1,), generator=g))
+            drafts.append([best[row + j] if j < right else (best[row + j] + 1) % 300
+                           for j in range(k)])
+            row += k + 1
+        params = [SamplingParams(temperature=0.0)] * len(num_draft)
+        fast = emit_tokens(logits, params, [None] * len(num_draft), num_draft, drafts,
+                           [None] * len(num_draft))
+        out, num_accepted = rejection_sample(
+            torch.tensor([t for d in drafts for t in d], dtype=torch.long), num_draft, logits,
+            None, torch.ones(len(num_draft), dtype=torch.bool), [None] * len(num_draft))
+        assert fast == [[t for t in r if t != PLACEHOLDER_TOKEN_ID] for r in out.tolist()]
+        accepted += num_accepted.tolist()
+    assert min(accepted) == 0 and max(accepted) == 5  # rejections and full acceptance both seen

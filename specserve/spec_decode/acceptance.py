@@ -22,6 +22,8 @@ controller pay for drafts that then failed (measured: adaptive 7-14% below off o
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 PRIOR_TRIALS = 2.0  # the weight of the initial prior, in trials
@@ -93,17 +95,9 @@ class AcceptanceTracker:
         return self.estimates([request_id])[0]
 
     def estimates(self, request_ids: list[str]) -> np.ndarray:
-        """[len(request_ids), P]: estimate() for many requests in one vector expression (the
-        controller asks for the whole batch every step)."""
-        return self._estimates_and_weights(request_ids)[0]
-
-    def _estimates_and_weights(self, request_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """([n, P] estimates, [n, P] trials behind each: the request's own plus the prior's)."""
-        p, w = self.num_positions, self.prior_weight
-        counts = np.array([self.per_request.get(r, self._none) for r in request_ids]
-                          ).reshape(len(request_ids), 2 * p)
-        trials = counts[:, p:] + w
-        return (counts[:, :p] + w * self.global_rates) / trials, trials
+        """[len(request_ids), P]: estimate() for many requests (the controller asks for the whole
+        batch every step)."""
+        return self._rows(request_ids, None)
 
     def lower_estimates(self, request_ids: list[str], z: float = 1.0) -> np.ndarray:
         """estimates() minus z times the noise the request's own record puts into it: what the
@@ -119,9 +113,28 @@ class AcceptanceTracker:
         as noise too valued every fresh request at g - sqrt(g (1 - g) / w), 0.12 for g = 0.40:
         a draft network, whose requests are observed only while they draft, then never drafted
         at concurrency 2 where static K = 2 ran 1.2-1.3x off (trained draft, json)."""
-        est, trials = self._estimates_and_weights(request_ids)
-        own = np.maximum(trials - self.prior_weight, 0.0)
-        return np.clip(est - z * np.sqrt(own * est * (1 - est)) / trials, 0.0, 1.0)
+        return self._rows(request_ids, z)
+
+    def _rows(self, request_ids: list[str], z: float | None) -> np.ndarray:
+        """The estimates (z None) or the lower estimates, in plain Python: the controller asks at
+        every step of a small batch, right after a forward has flushed the CPU's caches, where
+        the dozen numpy calls of the vector form took ~120 us for 8 requests (10 us when timed
+        alone) and this loop ~40 (2-core Zen 5)."""
+        p, w = self.num_positions, self.prior_weight
+        prior = [w * s / t for s, t in zip(self.global_succ, self.global_trials, strict=True)]
+        rows = []
+        for r in request_ids:
+            c = self.per_request.get(r, self._none)
+            row = []
+            for j in range(p):
+                own = c[p + j]
+                est = (c[j] + prior[j]) / (own + w)
+                if z is not None:
+                    est = min(max(est - z * math.sqrt(own * est * (1 - est)) / (own + w), 0.0),
+                              1.0)
+                row.append(est)
+            rows.append(row)
+        return np.array(rows, dtype=np.float64).reshape(len(request_ids), p)
 
     def forget(self, request_id: str) -> None:
         self.per_request.pop(request_id, None)

@@ -48,6 +48,7 @@ from collections.abc import Iterable
 import numpy as np
 
 SCALAR_MAX_REQS = 1  # batches this small are planned in plain Python (_choose_one)
+FEW_MAX_REQS = 16  # and a free proposer's batches up to this size too (_choose_few)
 
 
 def beyond(contexts: np.ndarray, base: int) -> np.ndarray:
@@ -320,6 +321,12 @@ def choose_num_speculative_tokens(
             None if horizon is None else float(horizon[0]), prev_total, hysteresis, min_gain,
             float(ctx[0]), base_time)
         return np.array([k], dtype=np.int64), time + prefill_time, goodput
+    if draft_cost is None and num_reqs <= FEW_MAX_REQS:
+        k, time, goodput = _choose_few(
+            np.asarray(alphas, dtype=np.float64).reshape(num_reqs, -1).tolist(), k_max.tolist(),
+            num_base_tokens, target_cost, prev_total, hysteresis, min_gain, ctx.tolist(),
+            base_time)
+        return np.array(k, dtype=np.int64), time + prefill_time, goodput
     # Early exit, the common case under load: the most tokens any plan could yield (every
     # draft made), over the least time any plan could take, cannot clear the margin, so the
     # full search below would pick 0 too (hysteresis only acts on a plan that clears it). The
@@ -465,3 +472,44 @@ def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
             goodput[prev_total] >= (1 + min_gain / 2) * goodput[0]:
         best = prev_total
     return best, times[best], goodput[best]
+
+
+def _choose_few(rates: list[list[float]], k_max: list[int], num_base_tokens: int,
+                target_cost: StepCostModel, prev_total: int | None, hysteresis: float,
+                min_gain: float, ctx: list[float], base_time: float
+                ) -> tuple[list[int], float, float]:
+    """choose_num_speculative_tokens for a few requests and a free proposer (n-gram), in plain
+    Python: the vector form's single sweep (increments in order of gain per second, the best
+    prefix), and its answer. Between two forwards of a small batch the vector form took
+    ~170-190 us a plan on a 2-core Zen 5 (the forward leaves the CPU's caches cold for numpy's
+    ~40 calls): 1.3% of a 14 ms step at concurrency 8, where n-gram guesses exist at nearly
+    every step on prose but rarely pay."""
+    t_base = target_cost(num_base_tokens)
+    attn_s = target_cost.context_time(0.0, 1.0)
+    token_s = max((target_cost(num_base_tokens + 16) - t_base) / 16, 1e-9)
+    increments = []  # (-gain per second, level, request, gain, attention), vector order
+    for i, (row, k) in enumerate(zip(rates, k_max, strict=True)):
+        reach = 1.0
+        for j in range(k):
+            reach *= min(max(row[min(j, len(row) - 1)], 0.0), 0.999999)
+            increments.append((-reach / (token_s + attn_s * ctx[i]), j + 1, i, reach,
+                               attn_s * ctx[i]))
+    increments.sort(key=lambda inc: inc[:2])  # stable, as the vector form's lexsort
+    tokens, attn = float(len(rates)), 0.0
+    goodput, times = [tokens / max(base_time, 1e-9)], [base_time]
+    for p, (_, _, _, gain, a) in enumerate(increments, start=1):
+        tokens += gain
+        attn += a
+        times.append(base_time - t_base + target_cost(num_base_tokens + p) + attn)
+        goodput.append(tokens / max(times[-1], 1e-9))
+    best = max(range(len(goodput)), key=goodput.__getitem__)  # the first maximum, as argmax
+    if goodput[best] < (1 + min_gain) * goodput[0]:
+        best = 0
+    elif prev_total is not None and 0 < prev_total < len(goodput) and \
+            goodput[prev_total] >= (1 - hysteresis) * goodput[best] and \
+            goodput[prev_total] >= (1 + min_gain / 2) * goodput[0]:
+        best = prev_total
+    ks = [0] * len(rates)
+    for inc in increments[:best]:
+        ks[inc[2]] += 1
+    return ks, times[best], goodput[best]
