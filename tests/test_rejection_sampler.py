@@ -582,6 +582,9 @@ def test_a_greedy_batch_is_verified_as_the_rejection_sampler_verifies_it():
         num_draft = torch.randint(0, 6, (int(torch.randint(1, 9, (1,), generator=g)),),
                                   generator=g).tolist()
         logits = torch.randn(sum(num_draft) + len(num_draft), 300, generator=g)
+        logits[0, 7] = logits[0, 9] = logits[0].max() + 1  # a tie: the first maximum wins
+        if trial % 3 == 0:
+            logits[-1] = float("-inf")  # a row a grammar masked entirely
         if trial % 2:
             logits = logits.bfloat16()
         best = logits.float().argmax(dim=-1).tolist()
@@ -591,8 +594,10 @@ def test_a_greedy_batch_is_verified_as_the_rejection_sampler_verifies_it():
             drafts.append([best[row + j] if j < right else (best[row + j] + 1) % 300
                            for j in range(k)])
             row += k + 1
+        # The engine may hold more guesses than it verifies (the token budget cut the step).
+        held = [d + [best[0]] * (trial % 2) for d in drafts]
         params = [SamplingParams(temperature=0.0)] * len(num_draft)
-        fast = emit_tokens(logits, params, [None] * len(num_draft), num_draft, drafts,
+        fast = emit_tokens(logits, params, [None] * len(num_draft), num_draft, held,
                            [None] * len(num_draft))
         out, num_accepted = rejection_sample(
             torch.tensor([t for d in drafts for t in d], dtype=torch.long), num_draft, logits,
