@@ -432,3 +432,40 @@ def test_proposer_config_takes_model_directories_by_name():
     # self-draft was measured instead, without a word.
     with pytest.raises(TypeError):
         proposer_config("draft", 3, None, "/d")
+
+
+def fake_trained_draft(path: Path, source: str, seed: int = 0) -> Path:
+    """A draft directory whose report says what train-draft trained it on."""
+    path.mkdir(parents=True)
+    (path / "training.json").write_text(json.dumps(
+        {"source": source, "settings": {"seed": seed, "held_out_fraction": 0.15}}))
+    return path
+
+
+def test_trained_drafts_are_timed_on_the_prompts_they_were_not_trained_on(tmp_path, caplog):
+    """The lab's drafts are trained on the lab's own workloads: their rows must run the prompts
+    train-draft held out (the same seeded split), for every strategy of the run alike."""
+    from specserve.bench.trained import unseen_items
+    from specserve.train.data import split_by_kind, workload_prompts
+
+    draft = fake_trained_draft(tmp_path / "eagle", "workload:prose,json")
+    _, held = split_by_kind(workload_prompts("prose,json"), 0.15, 0)
+    for name in ("prose", "json"):
+        unseen = unseen_items(name, [draft])
+        assert [i.messages for i in unseen] == [i.messages for i in load_workload(name)
+                                                if i.messages in [p.messages for p in held]]
+        assert 0 < len(unseen) < len(load_workload(name)) / 4
+    assert unseen_items("sql", [draft]) == load_workload("sql")  # never trained on sql
+    other_seed = fake_trained_draft(tmp_path / "seed1", "workload:prose,json", seed=1)
+    assert unseen_items("prose", [other_seed]) != unseen_items("prose", [draft])
+    assert unseen_items("prose", [tmp_path]) == load_workload("prose")  # no report: untrained
+    gone = fake_trained_draft(tmp_path / "gone", f"prompts:{tmp_path / 'missing.jsonl'}")
+    assert unseen_items("prose", [gone]) == load_workload("prose")
+    assert "cannot tell which prompts" in caplog.text
+    # The lab prepares each workload once, from those items, for every strategy.
+    preset = Preset("t", ("prose",), (1,), num_prompts_override=1, max_tokens_cap=2,
+                    unseen_by=(str(draft),))
+    lab = run_lab([Strategy("vanilla", {})], preset, {"dtype": "float32",
+                                                     "kv_cache_memory": 32 << 20},
+                  isolate=False)
+    assert len(lab.workloads["prose"].prompts) == len(unseen_items("prose", [draft]))

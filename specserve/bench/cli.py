@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 
@@ -120,6 +120,9 @@ def cmd_lab(args: argparse.Namespace) -> None:
     common = _common_kwargs(args)
     out = _out_dir(args, "lab")
     console = _console()
+    preset = _unseen(preset, args.prompts, console, [
+        (draft_model, any("draft" in s.name for s in strategies)),
+        (eagle_model, any("eagle" in s.name for s in strategies))])
     console.print(f"preset {preset.name}: {', '.join(preset.workloads)} at concurrency "
                   f"{', '.join(map(str, preset.concurrency))}, {len(strategies)} strategies; "
                   f"estimated at most {estimate_seconds(preset, strategies) / 60:.1f} min "
@@ -161,6 +164,25 @@ def _trained(model: str | None, method: str, minutes: float, num_threads) -> str
     return None if path is None else str(path)
 
 
+def _unseen(preset, prompts: str, console, drafts: list[tuple[str | None, bool]]):
+    """With --prompts unseen, every workload runs only the prompts the trained drafts in use
+    were not trained on (bench/trained.py says why)."""
+    used = tuple(path for path, in_use in drafts if path and in_use)
+    if prompts == "all" or not used:
+        return preset
+    preset = replace(preset, unseen_by=used)
+    counts = ", ".join(f"{w} {len(preset.items(w))}" for w in preset.workloads)
+    console.print(f"trained drafts in use: each workload runs the prompts they were not trained "
+                  f"on ({counts}; --prompts all runs every prompt)")
+    return preset
+
+
+def _add_prompts_flag(p) -> None:
+    p.add_argument("--prompts", choices=("unseen", "all"), default="unseen",
+                   help="unseen (default): where a trained draft runs, only the workload prompts "
+                        "it was not trained on (its held-out split); all: every prompt")
+
+
 def _add_lab(bench) -> None:
     p = bench.add_parser("lab", help="the article's strategy table: strategies x workloads x "
                                      "concurrency, each strategy in a fresh process, with JSON "
@@ -190,6 +212,7 @@ def _add_lab(bench) -> None:
     p.add_argument("--train-minutes", type=float, default=None,
                    help="when no trained draft / EAGLE head is cached, train each for this many "
                         "minutes first (default 5 for the full preset, 0 for --quick)")
+    _add_prompts_flag(p)
     p.add_argument("--out", default=None, help="output directory (default: bench-results/lab-*)")
     p.set_defaults(func=cmd_lab)
 
@@ -210,10 +233,13 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     eagle_model = args.eagle_model
     if eagle_model is None and "eagle" in proposers:
         eagle_model = _trained(args.model, "eagle", 0.0, args.num_threads)
-    settings = SweepSettings(proposers, _names(args.policies), points, args.k_max,
-                             args.draft_model, not args.no_prefix_caching, eagle_model)
     out = _out_dir(args, "sweep")
     console = _console()
+    points = _unseen(points, args.prompts, console, [
+        (args.draft_model, any(p.startswith("draft") for p in proposers)),
+        (eagle_model, "eagle" in proposers)])
+    settings = SweepSettings(proposers, _names(args.policies), points, args.k_max,
+                             args.draft_model, not args.no_prefix_caching, eagle_model)
     total = (len(settings.proposers) * len(settings.policies) * len(points.workloads)
              * len(points.concurrency))
     with _progress() as progress:
@@ -255,6 +281,7 @@ def _add_sweep(bench) -> None:
     p.add_argument("--k-max", type=int, default=4,
                    help="K_max of the policies without their own K (all but static:K)")
     p.add_argument("--no-prefix-caching", action="store_true")
+    _add_prompts_flag(p)
     p.add_argument("--out", default=None, help="output directory (default: bench-results/sweep-*)")
     p.set_defaults(func=cmd_sweep)
 

@@ -322,6 +322,16 @@ class Preset:
     max_tokens_scale: float = 1.0
     repeats: int = 1
     ignore_eos: bool = False
+    # Trained drafts whose training prompts are left out of every workload (trained.unseen_items)
+    unseen_by: tuple[str, ...] = ()
+
+    def items(self, name: str) -> list[WorkloadItem] | None:
+        """The workload's items to run (None: all of them)."""
+        if not self.unseen_by:
+            return None
+        from specserve.bench.trained import unseen_items  # trained imports the train package
+
+        return unseen_items(name, self.unseen_by)
 
     def num_prompts(self, concurrency: int) -> int:
         if self.num_prompts_override:
@@ -414,7 +424,8 @@ def run_strategy(strategy: Strategy, preset: Preset, common: dict, model: str | 
     engine = llm.engine
     for name in preset.workloads:
         if name not in lab.workloads:  # rendered once, by the first engine that loads
-            lab.workloads[name] = prepare_workload(engine, name, cap=preset.max_tokens_cap,
+            lab.workloads[name] = prepare_workload(engine, name, preset.items(name),
+                                                   cap=preset.max_tokens_cap,
                                                    scale=preset.max_tokens_scale)
     lab.eos_token_ids = engine.model_config.eos_token_ids
     stats = engine.get_stats()

@@ -97,7 +97,7 @@ def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
                         "profile_time_s": engine.profile_time})
         for w in pts.workloads:
             if w not in workloads:
-                workloads[w] = prepare_workload(engine, w, cap=pts.max_tokens_cap,
+                workloads[w] = prepare_workload(engine, w, pts.items(w), cap=pts.max_tokens_cap,
                                                 scale=pts.max_tokens_scale)
             # One policy object per workload, reinstalled at every switch: what it learned
             # (the workload's acceptance, the cost model's scale) carries over from run to run
