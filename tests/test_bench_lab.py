@@ -442,7 +442,8 @@ def fake_trained_draft(path: Path, source: str, seed: int = 0) -> Path:
     return path
 
 
-def test_trained_drafts_are_timed_on_the_prompts_they_were_not_trained_on(tmp_path, caplog):
+def test_trained_drafts_are_timed_on_the_prompts_they_were_not_trained_on(tmp_path, caplog,
+                                                                        monkeypatch):
     """The lab's drafts are trained on the lab's own workloads: their rows must run the prompts
     train-draft held out (the same seeded split), for every strategy of the run alike."""
     from specserve.bench.trained import unseen_items
@@ -462,6 +463,11 @@ def test_trained_drafts_are_timed_on_the_prompts_they_were_not_trained_on(tmp_pa
     gone = fake_trained_draft(tmp_path / "gone", f"prompts:{tmp_path / 'missing.jsonl'}")
     assert unseen_items("prose", [gone]) == load_workload("prose")
     assert "cannot tell which prompts" in caplog.text
+    broken = fake_trained_draft(tmp_path / "broken", "workload:prose")
+    (broken / "training.json").write_text('{"source": "workload:prose", "settings": null}')
+    assert unseen_items("prose", [broken]) == load_workload("prose")  # warned, not crashed
+    monkeypatch.setenv("HOME", str(tmp_path))  # "~/eagle", as the loaders expand it
+    assert unseen_items("prose", ["~/eagle"]) == unseen_items("prose", [draft])
     # The lab prepares each workload once, from those items, for every strategy.
     preset = Preset("t", ("prose",), (1,), num_prompts_override=1, max_tokens_cap=2,
                     unseen_by=(str(draft),))

@@ -236,7 +236,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     out = _out_dir(args, "sweep")
     console = _console()
     points = _unseen(points, args.prompts, console, [
-        (args.draft_model, any(p.startswith("draft") for p in proposers)),
+        (args.draft_model, "draft" in proposers),  # draft:N is the untrained self-draft
         (eagle_model, "eagle" in proposers)])
     settings = SweepSettings(proposers, _names(args.policies), points, args.k_max,
                              args.draft_model, not args.no_prefix_caching, eagle_model)

@@ -71,16 +71,16 @@ def trained_on(draft: str | Path) -> list[list[dict]] | None:
     longer be read (a prompts file that is gone) or holds no chat messages."""
     from specserve.train.data import read_prompts_jsonl, split_by_kind, workload_prompts
 
-    report = Path(draft) / "training.json"
+    report = Path(draft).expanduser() / "training.json"  # as the loaders read the path
     if not report.is_file():
         return []
-    info = json.loads(report.read_text())
-    kind, _, where = info.get("source", "").partition(":")
-    settings = info.get("settings", {})
     try:
+        info = json.loads(report.read_text())
+        kind, _, where = info.get("source", "").partition(":")
+        settings = info["settings"]
         items = workload_prompts(where) if kind == "workload" else read_prompts_jsonl(where)
         train, _ = split_by_kind(items, settings["held_out_fraction"], settings["seed"])
-    except (KeyError, OSError, ValueError):
+    except (KeyError, TypeError, AttributeError, OSError, ValueError):
         return None
     return [p.messages for p in train if p.messages is not None]
 

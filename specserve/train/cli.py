@@ -4,6 +4,7 @@ train/pipeline.py does the work."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def add_train_parser(subparsers) -> None:
@@ -54,7 +55,9 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
     from specserve.train.pipeline import summary, train_draft, train_eagle_head
 
     items = read_prompts_jsonl(args.prompts) if args.prompts else workload_prompts(args.workload)
-    source = f"prompts:{args.prompts}" if args.prompts else f"workload:{args.workload}"
+    # An absolute path: the lab reads the file again to know which prompts were trained on.
+    source = (f"prompts:{Path(args.prompts).resolve()}" if args.prompts
+              else f"workload:{args.workload}")
     data_cfg = DataConfig(max_reply_tokens=args.max_reply_tokens,
                           replies_per_prompt=args.replies_per_prompt,
                           reply_temperature=args.reply_temperature, dtype=args.dtype)
