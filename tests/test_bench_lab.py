@@ -468,6 +468,14 @@ def test_trained_drafts_are_timed_on_the_prompts_they_were_not_trained_on(tmp_pa
     assert unseen_items("prose", [broken]) == load_workload("prose")  # warned, not crashed
     monkeypatch.setenv("HOME", str(tmp_path))  # "~/eagle", as the loaders expand it
     assert unseen_items("prose", ["~/eagle"]) == unseen_items("prose", [draft])
+    # A report that lists its train prompts is read by that list, not by its source.
+    from specserve.train.data import prompt_key
+
+    listed = fake_trained_draft(tmp_path / "listed", "prompts:/gone.jsonl")
+    (listed / "training.json").write_text(json.dumps(
+        {"source": "prompts:/gone.jsonl",
+         "train_prompt_keys": [prompt_key(i.messages) for i in load_workload("prose")[3:]]}))
+    assert unseen_items("prose", [listed]) == load_workload("prose")[:3]
     # The lab prepares each workload once, from those items, for every strategy.
     preset = Preset("t", ("prose",), (1,), num_prompts_override=1, max_tokens_cap=2,
                     unseen_by=(str(draft),))

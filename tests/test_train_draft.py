@@ -121,6 +121,7 @@ def test_saved_directory_format(trained):
     report = json.loads((out / "training.json").read_text())
     # 48 prompts, 8 held out (greedy reply only), 40 trained on with 4 replies each.
     assert (report["held_out_samples"], report["train_samples"]) == (8, 4 * 40)
+    assert len(set(report["train_prompt_keys"])) == 40  # what a benchmark must leave out
     assert (out / "tokenizer.json").is_file()
     with pytest.raises(ValueError, match="shares its embedding"):
         load_model(str(out))  # alone, without its target
@@ -316,6 +317,13 @@ def test_cli(tmp_path, capsys):
     report = json.loads((tmp_path / "draft" / "training.json").read_text())
     assert report["head_vocab_size"] == 16 and report["source"].startswith("prompts:")
     assert {r["kind"] for r in report["acceptance"]} == {"text", "ids", "all"}
+    # The train prompts are listed by key: the split the report's settings make again.
+    from specserve.train.data import prompt_key, read_prompts_jsonl, split_by_kind
+
+    train, _ = split_by_kind(read_prompts_jsonl(prompts), report["settings"]["held_out_fraction"],
+                             report["settings"]["seed"])
+    assert report["train_prompt_keys"] == [prompt_key(p.messages, p.text, p.token_ids)
+                                           for p in train]
     assert "held-out agreement" in capsys.readouterr().out
     # The same prompts train an EAGLE head through the same command.
     args = parser.parse_args(["train-draft", "--method", "eagle", "--model", str(target),

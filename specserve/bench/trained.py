@@ -64,25 +64,33 @@ def trained_draft(target: str | None, method: str, minutes: float,
     return path
 
 
-def trained_on(draft: str | Path) -> list[list[dict]] | None:
-    """The chat messages of every prompt a trained draft was trained on: the train side of the
-    seeded split train-draft made of its source, made again from its training.json. [] for a
-    directory without a report (an untrained draft saw nothing); None where the source can no
-    longer be read (a prompts file that is gone) or holds no chat messages."""
-    from specserve.train.data import read_prompts_jsonl, split_by_kind, workload_prompts
+def trained_on(draft: str | Path) -> set[str] | None:
+    """The prompt keys (train.data.prompt_key) of every prompt a trained draft was trained on:
+    listed in its training.json since session 39; for older drafts, the train side of the
+    seeded split train-draft made of its source, made again. An empty set for a directory
+    without a report (an untrained draft saw nothing); None where that cannot be told (an
+    older report whose prompts file is gone or malformed)."""
+    from specserve.train.data import (
+        prompt_key,
+        read_prompts_jsonl,
+        split_by_kind,
+        workload_prompts,
+    )
 
     report = Path(draft).expanduser() / "training.json"  # as the loaders read the path
     if not report.is_file():
-        return []
+        return set()
     try:
         info = json.loads(report.read_text())
+        if "train_prompt_keys" in info:
+            return set(info["train_prompt_keys"])
         kind, _, where = info.get("source", "").partition(":")
         settings = info["settings"]
         items = workload_prompts(where) if kind == "workload" else read_prompts_jsonl(where)
         train, _ = split_by_kind(items, settings["held_out_fraction"], settings["seed"])
     except (KeyError, TypeError, AttributeError, OSError, ValueError):
         return None
-    return [p.messages for p in train if p.messages is not None]
+    return {prompt_key(p.messages, p.text, p.token_ids) for p in train}
 
 
 def unseen_items(name: str, drafts: Sequence[str | Path]) -> list[WorkloadItem]:
@@ -91,16 +99,18 @@ def unseen_items(name: str, drafts: Sequence[str | Path]) -> list[WorkloadItem]:
     all of them, the EAGLE head's first guess on prose was accepted 0.65 of the time, against
     0.31 on the prompts held out from its training (docs/performance.md, session 39). So the
     lab and the sweep time trained drafts on the held-out prompts."""
+    from specserve.train.data import prompt_key
+
     items = load_workload(name)
-    seen: list[list[dict]] = []
+    seen: set[str] = set()
     for draft in drafts:
-        messages = trained_on(draft)
-        if messages is None:
+        keys = trained_on(draft)
+        if keys is None:
             logger.warning("cannot tell which prompts %s was trained on: its rows may run on "
                            "prompts it has seen", draft)
             continue
-        seen += messages
-    unseen = [item for item in items if item.messages not in seen]
+        seen |= keys
+    unseen = [item for item in items if prompt_key(item.messages) not in seen]
     if not unseen:
         raise ValueError(f"every {name} prompt was used to train {', '.join(map(str, drafts))}: "
                          "no unseen prompts to measure it on (--prompts all runs them anyway)")

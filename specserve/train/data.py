@@ -15,11 +15,12 @@ reply, which is what greedy speculation has to guess.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specserve.sampling_params import SamplingParams
@@ -70,6 +71,16 @@ class DraftData:
     train: list[Sample]
     held_out: list[Sample]
     generation_time: float = 0.0
+    train_prompt_keys: list[str] = field(default_factory=list)  # prompt_key of each train prompt
+
+
+def prompt_key(messages: list[dict] | None = None, text: str | None = None,
+               token_ids: list[int] | None = None) -> str:
+    """A short digest of a prompt as given (chat messages, text or token ids). The draft's
+    report lists those of its train prompts, so that a benchmark can leave them out
+    (bench/trained.py) without the prompts file it was trained from."""
+    blob = json.dumps([messages, text, token_ids], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def workload_prompts(names: str | Sequence[str]) -> list[PromptItem]:
@@ -168,4 +179,5 @@ def build_data(llm, items: Sequence[PromptItem], cfg: DataConfig = DataConfig(),
     held = generate_samples(llm, held_items, cfg.max_reply_tokens)
     if not train or not held:
         raise ValueError("the target gave empty replies to every train or held-out prompt")
-    return DraftData(train, held, time.perf_counter() - t0)
+    keys = [prompt_key(p.messages, p.text, p.token_ids) for p in train_items]
+    return DraftData(train, held, time.perf_counter() - t0, keys)
