@@ -434,6 +434,21 @@ def catch_up_share(gains: np.ndarray, allowed: np.ndarray,
                       1.0)
 
 
+def _best_prefix(goodput: list[float], prev_total: int | None, hysteresis: float,
+                 min_gain: float) -> int:
+    """The plain-Python plans' choice among the prefixes of their increments (goodput[p]: the
+    first p taken), with the vector form's rules: the first maximum, none inside min_gain of
+    no speculation, the previous total kept within hysteresis."""
+    best = max(range(len(goodput)), key=goodput.__getitem__)  # the first maximum, as argmax
+    if goodput[best] < (1 + min_gain) * goodput[0]:
+        return 0
+    if prev_total is not None and 0 < prev_total < len(goodput) and \
+            goodput[prev_total] >= (1 - hysteresis) * goodput[best] and \
+            goodput[prev_total] >= (1 + min_gain / 2) * goodput[0]:
+        return prev_total
+    return best
+
+
 def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
                 target_cost: StepCostModel, draft_cost, catch_up: float,
                 horizon: float | None, prev_total: int | None, hysteresis: float,
@@ -464,13 +479,7 @@ def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
             charged = time - (1 - share) * catch_up_s
         goodput.append(tokens / max(charged, 1e-9))
         times.append(time)
-    best = max(range(len(goodput)), key=goodput.__getitem__)  # the first maximum, as argmax
-    if goodput[best] < (1 + min_gain) * goodput[0]:
-        best = 0
-    elif prev_total is not None and 0 < prev_total < len(goodput) and \
-            goodput[prev_total] >= (1 - hysteresis) * goodput[best] and \
-            goodput[prev_total] >= (1 + min_gain / 2) * goodput[0]:
-        best = prev_total
+    best = _best_prefix(goodput, prev_total, hysteresis, min_gain)
     return best, times[best], goodput[best]
 
 
@@ -502,13 +511,7 @@ def _choose_few(rates: list[list[float]], k_max: list[int], num_base_tokens: int
         attn += a
         times.append(base_time - t_base + target_cost(num_base_tokens + p) + attn)
         goodput.append(tokens / max(times[-1], 1e-9))
-    best = max(range(len(goodput)), key=goodput.__getitem__)  # the first maximum, as argmax
-    if goodput[best] < (1 + min_gain) * goodput[0]:
-        best = 0
-    elif prev_total is not None and 0 < prev_total < len(goodput) and \
-            goodput[prev_total] >= (1 - hysteresis) * goodput[best] and \
-            goodput[prev_total] >= (1 + min_gain / 2) * goodput[0]:
-        best = prev_total
+    best = _best_prefix(goodput, prev_total, hysteresis, min_gain)
     ks = [0] * len(rates)
     for inc in increments[:best]:
         ks[inc[2]] += 1
