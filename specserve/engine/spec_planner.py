@@ -173,7 +173,15 @@ class SpeculationPlanner:
         size, prefill = len(free_reqs), num_prefill > 0
         members = frozenset(r.request_id for r in free_reqs) if size <= LOOKUP_FIRST_SEQS \
             else None
-        idle = (self._idle_plan is not None and size >= self._idle_plan[0]
+        # A request running alone (here only with a draft network: a free proposer's few
+        # requests are looked up first, above) is planned at every step. Its plan takes ~20 us,
+        # ~0.2% of a step, and each plan draws the network's rates (sample_prior): an all-zero
+        # draw that stood for REPLAN_STEPS steps made every draw against drafting cost 8 steps
+        # (EAGLE head, unseen prose at concurrency 1: K mean 0.29 with all-zero plans standing
+        # one step, 0.84 re-planned every step, against static K = 1's 0.99). With more
+        # requests the vector plan costs ~0.2-0.3 ms, and a standing answer still pays.
+        alone = size == 1
+        idle = (not alone and self._idle_plan is not None and size >= self._idle_plan[0]
                 and (prefill, members) == self._idle_plan[1:]
                 and self._idle_steps < REPLAN_STEPS)
         if idle:
@@ -182,7 +190,7 @@ class SpeculationPlanner:
         else:
             chosen = plan(limits)
             self._idle_plan, self._idle_steps = ((size, prefill, members), 0) \
-                if not any(chosen) and any(limits) else (None, 0)
+                if not alone and not any(chosen) and any(limits) else (None, 0)
         # Guesses that cost nothing (n-gram) are looked up when the policy wants drafts, and it
         # plans again for the drafts that exist (a request with no match would be charged for
         # drafts it cannot make); also on every re-plan of an all-zero answer, so that unused

@@ -18,15 +18,34 @@ The global rates enter each request's estimate as `prior_weight` pseudo-trials. 
 verification must not flip a request to speculating: on prose an n-gram match is accepted ~15%
 of the time, and with a weight of 1 a single accepted guess read as alpha ~0.6, which made the
 controller pay for drafts that then failed (measured: adaptive 7-14% below off on prose).
+
+How much a request's own record should count is measured, not assumed: every first-position
+trial is also scored as a prediction by each weight of PRIOR_WEIGHTS (the estimate that weight
+gave just before the trial), and the weight with the least recent log-loss is used. What the
+record is worth differs by proposer and workload. At concurrency 1 on unseen prompts (static
+K = 1) the EAGLE head's per-request rates on prose and rag spread no more than chance, and a
+fixed weight of 3 let a request's first few misses outweigh everything the server had seen: at
+0.3 acceptance three misses in a row (one request in three) read 0.15, and the request stopped
+drafting for good. n-gram's record also says whether the request is copying right now.
 """
 
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 
 PRIOR_TRIALS = 2.0  # the weight of the initial prior, in trials
+# The weight of the global rates in a request's estimate, in trials, is chosen among these by
+# their scores as predictions (module docstring).
+PRIOR_WEIGHTS = (3.0, 6.0, 12.0, 25.0, 50.0)
+START_PRIOR_WEIGHT = 12.0  # until the scores are trusted
+SCORE_DECAY = 0.995  # per scored first guess: the scores weigh the last ~200
+MIN_SCORED_TRIALS = 30  # a decayed count, reached after ~33 scored guesses
+# sample_prior forgets this share of the global evidence per draw...
+FORGET = 0.995
+FORGET_FLOOR = 10.0  # ...down to this many trials
 
 
 class AcceptanceTracker:
@@ -35,17 +54,25 @@ class AcceptanceTracker:
     between every two forwards there)."""
 
     def __init__(self, num_positions: int = 4, prior: float = 0.5, decay: float = 0.9,
-                 prior_weight: float = 3.0, global_decay: float = 0.95):
+                 prior_weight: float | None = None, global_decay: float = 0.99):
+        """prior_weight: a fixed weight of the global rates; None measures it (module
+        docstring). global_decay: ~100 trials of memory. With ~20 (0.95) the EAGLE head's
+        first-position rate on unseen prose wandered 0.19-0.42 in one run where its guesses were
+        accepted ~0.28, across the plan's break-even."""
         self.num_positions = p = max(num_positions, 1)
         self.decay = decay
         self.global_decay = global_decay  # slower than a request's: it is a prior
-        self.prior_weight = prior_weight
+        self.prior_weight = START_PRIOR_WEIGHT if prior_weight is None else prior_weight
+        self.fit_prior_weight = prior_weight is None
+        self._scores = [0.0] * len(PRIOR_WEIGHTS)  # decayed log-loss per candidate weight
+        self._scored = 0.0  # decayed count of scored trials
         self.prior = prior
         self.global_succ = [prior * PRIOR_TRIALS] * p  # a weak initial prior
         self.global_trials = [PRIOR_TRIALS] * p
         # request_id -> successes per position, then trials per position (2P numbers)
         self.per_request: dict[str, list[float]] = {}
         self._none = [0.0] * (2 * p)
+        self._rng = random.Random(0)  # sample_prior's draws
 
     @property
     def global_rates(self) -> np.ndarray:
@@ -65,6 +92,8 @@ class AcceptanceTracker:
         s = self.per_request.get(request_id)
         if s is None:
             s = self.per_request[request_id] = [0.0] * (2 * p)
+        if self.fit_prior_weight:
+            self._score(s[0], s[p], num_accepted > 0)
         d, g = self.decay, self.global_decay
         gs, gt = self.global_succ, self.global_trials
         for j in range(seen):
@@ -74,32 +103,58 @@ class AcceptanceTracker:
             gs[j] = g * gs[j] + hit
             gt[j] = g * gt[j] + 1.0
 
-    def relax(self, keep: float = 0.99) -> None:
-        """Forget a little of the global rates, toward the initial prior: one step of it per
-        plan. A draft network's rates are observed only while it drafts, so a low rate (learned
-        on prose, say) kept every later request at K = 0, and nothing could correct it: in the
-        lab the trained 3-layer draft never drafted on json or sql at concurrency 1 after a
-        prose run (sql: 38 tok/s against 55 in the run that did). Relaxed, an unobserved rate
-        drifts back up (from 0.13 over ~20 trials: half-way to the prior in ~240 plans) until the
-        plan tries a draft again, and the trial's verdict pulls it where it belongs. The plan
-        still decides whether a trial pays, so under load, where drafts are dear, nothing
-        changes."""
-        fresh = (1.0 - keep) * PRIOR_TRIALS
-        gs, gt = self.global_succ, self.global_trials
+    def _score(self, succ: float, trials: float, hit: bool) -> None:
+        """Score each candidate weight's estimate of a first guess against its outcome (the
+        request's record and the global rate as they were before it), and use the best."""
+        g = self.global_succ[0] / self.global_trials[0]
+        scores = self._scores
+        for i, w in enumerate(PRIOR_WEIGHTS):
+            est = min(max((succ + w * g) / (trials + w), 0.01), 0.99)
+            scores[i] = SCORE_DECAY * scores[i] - math.log(est if hit else 1.0 - est)
+        self._scored = SCORE_DECAY * self._scored + 1.0
+        if self._scored >= MIN_SCORED_TRIALS:
+            self.prior_weight = PRIOR_WEIGHTS[min(range(len(scores)), key=scores.__getitem__)]
+
+    def sample_prior(self) -> list[float]:
+        """Global rates drawn from their posteriors (Thompson sampling): what a draft network's
+        plan starts from, instead of the means (pass them to estimates / lower_estimates). Its
+        rates are observed only while it drafts, and a few unlucky first verifications froze
+        them: the EAGLE head on unseen prose at concurrency 1 missed the first five guesses it
+        made, its first-position rate fell from the prior's 0.5 to 0.13-0.19, under the plan's
+        break-even (~0.16 and the 3% margin), and it drafted at 1-4% of the steps of runs where
+        its guesses were accepted 0.28-0.31 of the time and static K = 1 ran ~1.09x `off`. A
+        draw lands above the break-even about as often as the evidence allows a rate that high,
+        so a thin record is tried again soon and a thick one settles. The deeper positions,
+        observed only when a draft reaches them, are drawn alike.
+
+        Each draw first forgets a little of the evidence (FORGET per draw, down to FORGET_FLOOR
+        trials; the means stay): a thick low record learned on one workload would otherwise keep
+        the network off the next for good, since it is observed only where it drafts."""
+        gs, gt, beta = self.global_succ, self.global_trials, self._rng.betavariate
+        rates = []
         for j in range(self.num_positions):
-            gs[j] = keep * gs[j] + fresh * self.prior
-            gt[j] = keep * gt[j] + fresh
+            if gt[j] > FORGET_FLOOR:
+                keep = max(FORGET, FORGET_FLOOR / gt[j])
+                gs[j] *= keep
+                gt[j] *= keep
+            # at least half a trial each side: a record of only hits (or only misses) still
+            # draws below (above) its mean now and then
+            rates.append(beta(max(gs[j], 0.5), max(gt[j] - gs[j], 0.5)))
+        return rates
 
     def estimate(self, request_id: str) -> np.ndarray:
         """[P] the request's conditional acceptance per position."""
         return self.estimates([request_id])[0]
 
-    def estimates(self, request_ids: list[str]) -> np.ndarray:
+    def estimates(self, request_ids: list[str],
+                  prior_rates: list[float] | None = None) -> np.ndarray:
         """[len(request_ids), P]: estimate() for many requests (the controller asks for the whole
-        batch every step)."""
-        return self._rows(request_ids, None)
+        batch every step). prior_rates: the global rates to start from (sample_prior); None,
+        their means."""
+        return self._rows(request_ids, None, prior_rates)
 
-    def lower_estimates(self, request_ids: list[str], z: float = 1.0) -> np.ndarray:
+    def lower_estimates(self, request_ids: list[str], z: float = 1.0,
+                        prior_rates: list[float] | None = None) -> np.ndarray:
         """estimates() minus z times the noise the request's own record puts into it: what the
         controller ranks requests by when it chooses among several. Picking the requests with
         the highest estimates picks the lucky ones: with a few trials each, the chosen requests'
@@ -113,15 +168,18 @@ class AcceptanceTracker:
         as noise too valued every fresh request at g - sqrt(g (1 - g) / w), 0.12 for g = 0.40:
         a draft network, whose requests are observed only while they draft, then never drafted
         at concurrency 2 where static K = 2 ran 1.2-1.3x off (trained draft, json)."""
-        return self._rows(request_ids, z)
+        return self._rows(request_ids, z, prior_rates)
 
-    def _rows(self, request_ids: list[str], z: float | None) -> np.ndarray:
+    def _rows(self, request_ids: list[str], z: float | None,
+              rates: list[float] | None) -> np.ndarray:
         """The estimates (z None) or the lower estimates, in plain Python: the controller asks at
         every step of a small batch, right after a forward has flushed the CPU's caches, where
         the dozen numpy calls of the vector form took ~120 us for 8 requests (10 us when timed
         alone) and this loop ~40 (2-core Zen 5)."""
         p, w = self.num_positions, self.prior_weight
-        prior = [w * (s / t) for s, t in zip(self.global_succ, self.global_trials, strict=True)]
+        if rates is None:
+            rates = [s / t for s, t in zip(self.global_succ, self.global_trials, strict=True)]
+        prior = [w * g for g in rates]
         rows = []
         for r in request_ids:
             c = self.per_request.get(r, self._none)

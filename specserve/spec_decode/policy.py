@@ -30,11 +30,6 @@ POLICY_NAMES = ("off", "static", "batch-threshold:N", "schedule:B=K,...", "adapt
 # The most tokens a request's catch-up is spread over (cost_model.py): past its max_tokens it may
 # still stop at any EOS, and a long horizon would make any catch-up look free.
 CATCH_UP_HORIZON = 256
-# A draft network's position K + 1 is observed only when K + 1 tokens are drafted: every
-# PROBE_EVERY-th plan drafts one more for one request that speculates (adaptive.choose), every
-# PROBE_EVERY_ALONE-th when that request runs alone (AdaptivePolicy._probe says why).
-PROBE_EVERY = 8
-PROBE_EVERY_ALONE = 2
 
 
 def parse_schedule(text: str) -> list[tuple[int, int]]:
@@ -103,6 +98,8 @@ class SpecPolicy:
             "spec_k_mean": sum(k * c for k, c in self.k_histogram.items()) / total if total
             else 0.0,
             "spec_global_acceptance": self.acceptance.global_rate,
+            # the global rates' weight in a request's estimate, in trials (fixed or measured)
+            "spec_prior_weight": self.acceptance.prior_weight,
             "spec_position_acceptance": [round(float(a), 3)
                                          for a in self.acceptance.global_rates],
             "spec_request_acceptance": {r.request_id: round(float(self.acceptance.estimate(
@@ -154,17 +151,17 @@ class AdaptivePolicy(SpecPolicy):
         self.target_cost = target_cost
         self.draft_cost = draft_cost
         self.prev_total: int | None = None
-        self.num_plans = 0
 
     def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
                caps=None):
         ids = [r.request_id for r in reqs]
-        if self.draft_cost is not None:  # a free proposer's rates move every step (shadow checks)
-            self.acceptance.relax()
+        # A free proposer's rates move every step (shadow checks); a draft network's only where
+        # it drafts, so it explores: its plan starts from rates drawn from their posteriors.
+        drawn = self.acceptance.sample_prior() if self.draft_cost is not None else None
         # One request: its own estimate. Several: lower estimates, so that drafts go to the
         # requests that are likely good rather than those that were lucky (acceptance.py).
-        alphas = self.acceptance.estimates(ids) if len(ids) == 1 else \
-            self.acceptance.lower_estimates(ids)
+        alphas = self.acceptance.estimates(ids, drawn) if len(ids) == 1 else \
+            self.acceptance.lower_estimates(ids, prior_rates=drawn)
         k_max = np.array([self.request_k_max(r) for r in reqs])
         if caps is not None:  # drafts past the cap would be cut: do not plan (or pay) for them
             k_max = np.minimum(k_max, caps)
@@ -175,32 +172,7 @@ class AdaptivePolicy(SpecPolicy):
             horizon=np.array([min(r.max_tokens - r.num_output_tokens, CATCH_UP_HORIZON)
                               for r in reqs]))
         self.prev_total = int(ks.sum())
-        if self.draft_cost is not None:
-            self._probe(ks, k_max)
         return ks.tolist()
-
-    def _probe(self, ks: np.ndarray, k_max: np.ndarray) -> None:
-        """Every PROBE_EVERY-th plan, one request that speculates (0 < K < its K_max) drafts one
-        token more, in turn. A draft network's guess at position K + 1 is never checked
-        otherwise (the n-gram proposer's is, for free: the engine's shadow check), so its
-        estimate froze wherever a few early verifications had left it: the EAGLE head's second
-        position read 0.19 where static K = 2 saw it accepted 0.45-0.48 of the time, and json at
-        concurrency 1 stayed at K = 1 (0.79x static K = 2 together with a stale all-zero plan;
-        0.93x once both were fixed). A request running alone is probed every PROBE_EVERY_ALONE-th
-        plan: there the probe's draft forward serves the only request, so near break-even it
-        costs about what its expected extra token is worth, and every eighth plan left position
-        2 under-observed (per-request estimates 0.11-0.20, K = 1 for most steps): adaptive /
-        static K = 2 went from 0.90 to 0.99 on json and from 0.92 to 0.99 on prose (session 14).
-        In a batch the probe's forward buys one request's extra token, so it stays rare there.
-        The cost: one chained draft forward and one verified token per probe, nothing while no
-        request speculates."""
-        self.num_plans += 1
-        every = PROBE_EVERY_ALONE if len(ks) == 1 else PROBE_EVERY
-        if self.num_plans % every:
-            return
-        eligible = np.flatnonzero((ks > 0) & (ks < k_max))
-        if len(eligible):
-            ks[eligible[(self.num_plans // every) % len(eligible)]] += 1
 
     def observe_step(self, num_tokens, forward_s, draft_forwards, draft_s, runs=(),
                      num_without_logits=0):
