@@ -356,29 +356,40 @@ def dear_head_cost() -> tuple[StepCostModel, StepCostModel]:
                                  chunk=draft.chunk)
 
 
-def drafting_share(policy, alpha: float, seed: int, unlucky_start: int = 5,
-                   num_requests: int = 12, tokens: int = 40) -> float:
-    """Requests run alone one after another, each planned at every step; a first guess is
-    accepted with probability alpha, a second never. Returns the share of the second half's
-    plans that drafted. The tracker starts after `unlucky_start` misses in a row."""
-    rng = random.Random(seed)
-    for _ in range(unlucky_start):
-        policy.acceptance.observe("unlucky", 1, 0)
-    policy.forget(fake_request("unlucky"))
+def run_alone(policy, accept, num_requests: int, tokens: int, tag: str) -> list[bool]:
+    """Requests run alone one after another, each planned at every step; accept(k) is how many
+    of a plan's k guesses are right. Returns, per plan, whether it drafted."""
     drafted = []
     for i in range(num_requests):
-        req = fake_request(f"r{i}")
+        req = fake_request(f"{tag}{i}")
         emitted = 0
         while emitted < tokens:
             k = policy.choose([req], 1, 1, [1])[0]
-            accepted = int(k > 0 and rng.random() < alpha)
+            accepted = accept(k)
             if k:
                 policy.observe_verification(req, k, accepted)
             drafted.append(k > 0)
             emitted += 1 + accepted
         policy.forget(req)
+    return drafted
+
+
+def second_half_share(drafted: list[bool]) -> float:
     half = drafted[len(drafted) // 2:]
     return sum(half) / len(half)
+
+
+def drafting_share(policy, alpha: float, seed: int, unlucky_start: int = 5,
+                   num_requests: int = 12, tokens: int = 40) -> float:
+    """run_alone where a first guess is accepted with probability alpha, a second never: the
+    share of the second half's plans that drafted. The tracker starts after `unlucky_start`
+    misses in a row."""
+    rng = random.Random(seed)
+    for _ in range(unlucky_start):
+        policy.acceptance.observe("unlucky", 1, 0)
+    policy.forget(fake_request("unlucky"))
+    return second_half_share(run_alone(
+        policy, lambda k: int(k > 0 and rng.random() < alpha), num_requests, tokens, "r"))
 
 
 def test_a_draft_network_tries_again_after_a_few_unlucky_misses():
@@ -410,22 +421,16 @@ def test_a_draft_network_is_tried_again_when_the_workload_changes():
         policy = build_policy("adaptive", K_MAX, target, draft)
         policy.acceptance._rng = random.Random(seed)
         for alpha, num_requests in ((0.1, 20), (0.6, 10)):
-            drafted = []
-            for i in range(num_requests):
-                req = fake_request(f"{alpha}-{i}")
-                emitted = 0
-                while emitted < 48:
-                    k = policy.choose([req], 1, 1, [1])[0]
-                    accepted = 0
-                    while accepted < k and rng.random() < alpha:
-                        accepted += 1
-                    if k:
-                        policy.observe_verification(req, k, accepted)
-                    drafted.append(k > 0)
-                    emitted += 1 + accepted
-                policy.forget(req)
-        half = drafted[len(drafted) // 2:]
-        shares.append(sum(half) / len(half))
+
+            def accept(k: int, alpha: float = alpha, rng: random.Random = rng) -> int:
+                """Guesses right in turn, each with probability alpha."""
+                accepted = 0
+                while accepted < k and rng.random() < alpha:
+                    accepted += 1
+                return accepted
+
+            drafted = run_alone(policy, accept, num_requests, 48, f"{alpha}-")
+        shares.append(second_half_share(drafted))
     assert sum(shares) / len(shares) > 0.7, shares
 
 

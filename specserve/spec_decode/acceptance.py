@@ -106,7 +106,7 @@ class AcceptanceTracker:
     def _score(self, succ: float, trials: float, hit: bool) -> None:
         """Score each candidate weight's estimate of a first guess against its outcome (the
         request's record and the global rate as they were before it), and use the best."""
-        g = self.global_succ[0] / self.global_trials[0]
+        g = self.global_rate
         scores = self._scores
         for i, w in enumerate(PRIOR_WEIGHTS):
             est = min(max((succ + w * g) / (trials + w), 0.01), 0.99)

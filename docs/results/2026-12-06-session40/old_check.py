@@ -15,7 +15,7 @@ def dear_head_cost():
     target, draft = head_cost()
     return target, StepCostModel(draft.x.tolist(), [3.6 * t for t in draft.y.tolist()], chunk=draft.chunk)
 src = open("tests/test_adaptive.py").read()
-i = src.index("def drafting_share"); j = src.index("def test_a_draft_network_tries_again")
+i = src.index("def run_alone"); j = src.index("def test_a_draft_network_tries_again")
 exec(src[i:j])
 target, draft = dear_head_cost()
 print("good", [round(drafting_share(build_policy("adaptive", K_MAX, target, draft), 0.40, s), 2) for s in range(4)])
