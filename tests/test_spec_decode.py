@@ -176,6 +176,40 @@ def test_pools_are_free_after_aborts_and_preemptions(llm):
     assert engine.proposer.seqs == {}
 
 
+def test_a_draft_model_serves_a_shared_prefix_from_its_own_prefix_cache(llm):
+    """The second request over the same document finds the document's KV in the draft's pool
+    (and the cost model is told so before it drafts), its tokens still those of plain decoding.
+    Without the draft's cache it computes the whole document again."""
+    tok = llm.get_tokenizer()
+    doc = tok(" ".join(f"Fact {i}: the mill by the river {i} grinds {i * 3} sacks." for i in
+                       range(8)), add_special_tokens=False).input_ids
+    prompts = [doc + tok(q, add_special_tokens=False).input_ids
+               for q in (" Question: what does mill 2 grind?", " Question: which mill is last?")]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    reference = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    shared = len(doc) // 16 * 16  # the document's full blocks
+    assert shared >= 64
+    computed = {}
+    for caching in (True, False):
+        spec = LLM(dtype="float32", speculative_config=SPEC_CONFIGS["self-draft"],
+                   speculation_policy="static", enable_prefix_caching=caching)
+        engine, draft = spec.engine, spec.engine.proposer
+        assert spec.generate([prompts[0]], params)[0].outputs[0].token_ids == reference[0]
+        before = draft.num_tokens_computed
+        engine.set_speculation_policy("off")  # admitted and prefilled, not drafted for yet
+        rid = engine.add_request(prompts[1], params).request_id
+        engine.step()
+        req = engine.requests[rid]
+        assert draft.catch_up_tokens(req) == req.num_tokens - (shared if caching else 0)
+        engine.set_speculation_policy("static")
+        while engine.has_unfinished_requests():
+            engine.step()
+        assert req.output_token_ids == reference[1]
+        computed[caching] = draft.num_tokens_computed - before
+        assert spec.get_stats()["draft_prefix_cache_hits"] == (shared if caching else 0)
+    assert computed[False] - computed[True] == shared
+
+
 def test_draft_with_another_vocabulary_is_refused(tmp_path):
     path = make_tiny_model(tmp_path / "other", seed=1)
     with pytest.raises(ValueError, match="tokenizer does not match"):

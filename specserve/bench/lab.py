@@ -48,7 +48,7 @@ _COUNTERS = ("num_steps", "num_prompt_tokens", "num_generated_tokens", "num_pree
              "num_draft_tokens", "num_accepted_tokens", "num_verifications",
              "prefix_cache_queries", "prefix_cache_hits", "forward_time_s", "step_time_s",
              "draft_time_s", "verify_time_s", "spec_time_s", "num_jump_forward_tokens",
-             "num_jump_forward_accepted")
+             "num_jump_forward_accepted", "draft_prefix_cache_hits")
 _MEMORY = {"target_weight_bytes": "weight_bytes", "target_kv_bytes": "kv_cache_bytes",
            "draft_weight_bytes": "draft_weight_bytes", "draft_kv_bytes": "draft_kv_cache_bytes",
            "kv_blocks_total": "kv_blocks_total"}
@@ -200,7 +200,7 @@ def run_workload(engine: LLMEngine, workload: PreparedWorkload, concurrency: int
     in the prefix cache, as on a server where that document is hot.
     Returns the run's figures plus one record per request."""
     if reset_prefix_cache:
-        engine.block_manager.reset_prefix_cache()
+        engine.reset_prefix_cache()
     prefix = workload.shared_prefix if warm_shared_prefix else []
     if len(prefix) >= engine.block_manager.block_size:
         engine.add_request(prefix, SamplingParams(temperature=0.0, max_tokens=1))

@@ -173,7 +173,7 @@ def run_offline(llm: LLM, concurrencies: list[int], input_len: int, output_len: 
     results = []
     hf = load_hf_model(llm.engine.dtype) if compare_hf else None
     for c in concurrencies:
-        llm.engine.block_manager.reset_prefix_cache()
+        llm.engine.reset_prefix_cache()
         results.append(bench_engine(llm, prompts[:c], output_len))
         if hf is not None:
             results.append(bench_hf(hf, prompts[:c], output_len))

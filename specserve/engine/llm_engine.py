@@ -125,7 +125,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, cfg, cache, num_blocks, kv_dtype)
         self.block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         if self.proposer is not None:
-            self.proposer.allocate_kv_cache(num_blocks)
+            self.proposer.allocate_kv_cache(num_blocks, cache.enable_prefix_caching)
             self.runner.aux_layers = self.proposer.aux_layers
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.max_model_len = min(cfg.max_position, num_blocks * cache.block_size)
@@ -171,9 +171,16 @@ class LLMEngine:
             draft_runner = getattr(self.proposer, "runner", None)
             draft_cost = profile_forward(draft_runner) if draft_runner is not None else None
             self._cost_models = (target_cost, draft_cost)
-            self.block_manager.reset_prefix_cache()  # its blocks now hold the profile's garbage
+            self.reset_prefix_cache()  # its blocks now hold the profile's garbage
             self.profile_time = time.perf_counter() - t0
         return build_policy(name, k_max, *self._cost_models)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix no request holds, the target's and the draft's
+        (benchmarks that measure cold prefills)."""
+        self.block_manager.reset_prefix_cache()
+        if self.proposer is not None:
+            self.proposer.reset_prefix_cache()
 
     def set_speculation_policy(self, name: str, k_max: int | None = None) -> None:
         """Switch the engine-wide policy (and its K_max) in place. The proposer, weights and KV
@@ -510,6 +517,8 @@ class LLMEngine:
             "draft_weight_bytes": p.weight_bytes if p else 0,
             "draft_kv_cache_bytes": p.kv_cache_bytes if p else 0,
             "draft_num_forwards": getattr(p, "num_forwards", 0),
+            # prompt and output tokens a draft model's KV pool served from its prefix cache
+            "draft_prefix_cache_hits": getattr(p, "num_prefix_hit_tokens", 0),
             **(self.spec_policy.stats(self.scheduler.running) if self.spec_policy else {}),
         }
 

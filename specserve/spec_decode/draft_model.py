@@ -12,6 +12,12 @@ final norm and LM head, the offline stand-in for "a 1B draft for a 70B target".
 
 A draft trained by `specserve train-draft` shares the target's embedding (passed in as
 `target_embedding`) and may have a head over part of the vocabulary (draft_head.py).
+
+The draft's pool has automatic prefix caching when the engine's has: the draft's KV at a position
+depends on the tokens up to it alone, so a prefix it computed for one request serves the next.
+Without it, every request's first proposal caught up on its whole prompt, a shared RAG document
+included: ~0.19 s for the 4-layer self-draft on rag's 2.5k-token prompt, twenty decode steps at
+concurrency 1 (docs/results/2026-12-06-session40/sweep-draft-detail.txt).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ def check_same_tokenizer(target_tok, draft_tok) -> None:
 class DraftModelProposer(ModelProposer):
     name = "draft"
     seq_type = DraftSeq
+    prefix_cacheable = True
 
     def __init__(self, spec: SpeculativeConfig, target_model: str | None, target_tokenizer,
                  dtype: torch.dtype, block_size: int, num_threads: int | None = None,
@@ -112,16 +119,22 @@ class DraftModelProposer(ModelProposer):
                          if k)
         alive = [i for i, k in enumerate(num_tokens) if k > 0]
         seqs = {i: self._seq(reqs[i]) for i in alive}
+        bm = self.block_manager
         for i in alive:
             seqs[i].spec_token_ids = []
+            self._cache_computed(seqs[i])
         while alive:
             batch = []
             for i in list(alive):
                 seq = seqs[i]
+                cached = bm.find_cached_prefix(seq) if not seq.block_ids else []
+                seq.num_computed_tokens += len(cached) * bm.block_size
                 n = seq.num_tokens + len(seq.spec_token_ids) - seq.num_computed_tokens
-                if not self.block_manager.allocate(seq, n):
+                if not bm.allocate(seq, n, cached):
+                    seq.num_computed_tokens -= len(cached) * bm.block_size
                     alive.remove(i)  # the draft pool is full: this request guesses no further
                     continue
+                self.num_prefix_hit_tokens += len(cached) * bm.block_size
                 batch.append((seq, n))
             if not batch:
                 break
@@ -147,7 +160,42 @@ class DraftModelProposer(ModelProposer):
 
     def catch_up_tokens(self, req: Request) -> int:
         seq = self.seqs.get(req.request_id)
-        return req.num_tokens - (seq.num_computed_tokens if seq else 0)
+        if seq is not None and seq.block_ids:
+            return req.num_tokens - seq.num_computed_tokens
+        return req.num_tokens - self._cached_prefix_hint(req)
+
+    def _cached_prefix_hint(self, req: Request) -> int:
+        """Tokens of req's prefix the draft's pool likely holds, for the cost model: asked at
+        every plan, so it only looks hashes up (~log2 of the prompt's blocks), where
+        find_cached_prefix compares every block's tokens. A block's hash chains its whole
+        prefix, and a prefix outlives its continuation in the LRU order, so the cached blocks
+        of a request are a leading run: the longest one is found by bisection."""
+        bm = self.block_manager
+        if not bm.enable_prefix_caching or not bm.cached:
+            return 0
+        seq = self._seq(req)
+        hashes = bm._request_hashes(seq, seq.num_tokens - 1)  # memoised on the seq
+        lo, hi = 0, len(hashes)  # the first lo blocks are cached; is block hi - 1?
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hashes[mid - 1] in bm.cached:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo * bm.block_size
+
+    def _cache_computed(self, seq: DraftSeq) -> None:
+        """Offer seq's full blocks to the prefix cache, when all it has computed are real
+        tokens (rolled back after verification; not when a request is dropped between its
+        proposal and its verification, with KV for guesses past its tokens)."""
+        if seq.num_computed_tokens <= seq.num_tokens:
+            self.block_manager.cache_blocks(seq)
+
+    def free(self, req: Request) -> None:
+        seq = self.seqs.get(req.request_id)
+        if seq is not None:
+            self._cache_computed(seq)  # what it computed since its last proposal
+        super().free(req)
 
     def on_verified(self, req: Request, num_draft: int, num_accepted: int) -> None:
         seq = self.seqs.get(req.request_id)

@@ -44,22 +44,32 @@ class ModelProposer(Proposer):
     share), and name their sequence state in `seq_type`."""
 
     seq_type: type[ProposerSeq] = ProposerSeq
+    # Whether the network's KV at a position depends on the tokens up to it alone, so that
+    # its pool may serve a prefix computed for another request (a draft model: yes; an EAGLE
+    # head keeps KV only for a window of recent positions: no).
+    prefix_cacheable: bool = False
 
     def __init__(self) -> None:
         super().__init__()
         self.seqs: dict[str, ProposerSeq] = {}
         self.num_forwards = 0
         self.num_tokens_computed = 0
+        self.num_prefix_hit_tokens = 0  # tokens served from the pool's prefix cache
         self.time = 0.0
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
+    def allocate_kv_cache(self, num_blocks: int, enable_prefix_caching: bool = False) -> None:
         if self.kv_cache_memory is not None:  # an explicit size for the proposer's pool
             num_blocks = max(self.kv_cache_memory // (self.block_size * self.kv_bytes_per_token),
                              1)
         self.runner = ModelRunner(self.model, self.model_config,
                                   CacheConfig(block_size=self.block_size), num_blocks, self.dtype)
-        self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching=False)
+        self.block_manager = BlockManager(
+            num_blocks, self.block_size,
+            enable_prefix_caching=enable_prefix_caching and self.prefix_cacheable)
         self.kv_cache_bytes = self.runner.kv_cache_bytes
+
+    def reset_prefix_cache(self) -> None:
+        self.block_manager.reset_prefix_cache()
 
     def _new_seq(self, req: Request) -> ProposerSeq:
         return self.seq_type(req)

@@ -33,8 +33,13 @@ class Proposer(ABC):
         # (tokens, sequences) of each draft forward since the engine last read them
         self.last_forwards: list[tuple[int, int]] = []
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:  # noqa: B027 (optional hook)
-        """Size the proposer's own KV pool (the engine decides, from the shared budget)."""
+    def allocate_kv_cache(self, num_blocks: int,  # noqa: B027 (optional hook)
+                          enable_prefix_caching: bool = False) -> None:
+        """Size the proposer's own KV pool (the engine decides, from the shared budget), with
+        automatic prefix caching where the engine has it and the proposer's KV allows it."""
+
+    def reset_prefix_cache(self) -> None:  # noqa: B027 (optional hook)
+        """Forget the cached prefixes of the proposer's own pool (with the engine's)."""
 
     def catch_up_tokens(self, req: Request) -> int:
         """Tokens the proposer must process before its first guess for req (cost model)."""
