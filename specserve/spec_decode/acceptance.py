@@ -153,6 +153,11 @@ class AcceptanceTracker:
         their means."""
         return self._rows(request_ids, None, prior_rates)
 
+    def estimate_row(self, request_id: str, prior_rates: list[float] | None = None
+                     ) -> list[float]:
+        """estimates() for one request, as a list (the plan for a request running alone)."""
+        return self._row(request_id, None, self._prior(prior_rates))
+
     def lower_estimates(self, request_ids: list[str], z: float = 1.0,
                         prior_rates: list[float] | None = None) -> np.ndarray:
         """estimates() minus z times the noise the request's own record puts into it: what the
@@ -176,24 +181,30 @@ class AcceptanceTracker:
         every step of a small batch, right after a forward has flushed the CPU's caches, where
         the dozen numpy calls of the vector form took ~120 us for 8 requests (10 us when timed
         alone) and this loop ~40 (2-core Zen 5)."""
-        p, w = self.num_positions, self.prior_weight
+        prior = self._prior(rates)
+        rows = [self._row(r, z, prior) for r in request_ids]
+        return np.array(rows, dtype=np.float64).reshape(len(request_ids), self.num_positions)
+
+    def _prior(self, rates: list[float] | None) -> list[float]:
+        """The prior's pseudo-successes per position: weight x the global rates (or rates)."""
+        w = self.prior_weight
         if rates is None:
             rates = [s / t for s, t in zip(self.global_succ, self.global_trials, strict=True)]
-        prior = [w * g for g in rates]
-        rows = []
-        for r in request_ids:
-            c = self.per_request.get(r, self._none)
-            row = []
-            for j in range(p):
-                own = c[p + j]
-                est = (c[j] + prior[j]) / (own + w)
-                if z is not None:
-                    # rounding may put est a hair past 1
-                    noise = math.sqrt(max(own * est * (1 - est), 0.0)) / (own + w)
-                    est = min(max(est - z * noise, 0.0), 1.0)
-                row.append(est)
-            rows.append(row)
-        return np.array(rows, dtype=np.float64).reshape(len(request_ids), p)
+        return [w * g for g in rates]
+
+    def _row(self, request_id: str, z: float | None, prior: list[float]) -> list[float]:
+        p, w = self.num_positions, self.prior_weight
+        c = self.per_request.get(request_id, self._none)
+        row = []
+        for j in range(p):
+            own = c[p + j]
+            est = (c[j] + prior[j]) / (own + w)
+            if z is not None:
+                # rounding may put est a hair past 1
+                noise = math.sqrt(max(own * est * (1 - est), 0.0)) / (own + w)
+                est = min(max(est - z * noise, 0.0), 1.0)
+            row.append(est)
+        return row
 
     def forget(self, request_id: str) -> None:
         self.per_request.pop(request_id, None)

@@ -22,6 +22,7 @@ from specserve.engine.request import Request
 from specserve.spec_decode.acceptance import AcceptanceTracker
 from specserve.spec_decode.cost_model import (
     StepCostModel,
+    choose_for_one_request,
     choose_num_speculative_tokens,
     token_context_sum,
 )
@@ -158,10 +159,19 @@ class AdaptivePolicy(SpecPolicy):
         # A free proposer's rates move every step (shadow checks); a draft network's only where
         # it drafts, so it explores: its plan starts from rates drawn from their posteriors.
         drawn = self.acceptance.sample_prior() if self.draft_cost is not None else None
-        # One request: its own estimate. Several: lower estimates, so that drafts go to the
-        # requests that are likely good rather than those that were lucky (acceptance.py).
-        alphas = self.acceptance.estimates(ids, drawn) if len(ids) == 1 else \
-            self.acceptance.lower_estimates(ids, prior_rates=drawn)
+        if len(reqs) == 1:  # its own estimate, planned in plain numbers
+            req = reqs[0]
+            k_max = self.request_k_max(req) if caps is None else \
+                min(self.request_k_max(req), caps[0])
+            k, _, _ = choose_for_one_request(
+                self.acceptance.estimate_row(req.request_id, drawn), k_max, num_base_tokens,
+                self.target_cost, self.draft_cost, float(catch_up[0]), self._horizon(req),
+                self.prev_total, context=req.num_tokens, num_prefill_tokens=num_prefill_tokens)
+            self.prev_total = k
+            return [k]
+        # Several: lower estimates, so that drafts go to the requests that are likely good
+        # rather than those that were lucky (acceptance.py).
+        alphas = self.acceptance.lower_estimates(ids, prior_rates=drawn)
         k_max = np.array([self.request_k_max(r) for r in reqs])
         if caps is not None:  # drafts past the cap would be cut: do not plan (or pay) for them
             k_max = np.minimum(k_max, caps)
@@ -169,10 +179,14 @@ class AdaptivePolicy(SpecPolicy):
             alphas, k_max, num_base_tokens, self.target_cost, self.draft_cost,
             np.asarray(catch_up, dtype=np.float64), self.prev_total,
             contexts=np.array([r.num_tokens for r in reqs]), num_prefill_tokens=num_prefill_tokens,
-            horizon=np.array([min(r.max_tokens - r.num_output_tokens, CATCH_UP_HORIZON)
-                              for r in reqs]))
+            horizon=np.array([self._horizon(r) for r in reqs]))
         self.prev_total = int(ks.sum())
         return ks.tolist()
+
+    @staticmethod
+    def _horizon(req: Request) -> int:
+        """Tokens a catch-up's cost is spread over (cost_model.py)."""
+        return min(req.max_tokens - req.num_output_tokens, CATCH_UP_HORIZON)
 
     def observe_step(self, num_tokens, forward_s, draft_forwards, draft_s, runs=(),
                      num_without_logits=0):
