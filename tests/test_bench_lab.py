@@ -191,6 +191,17 @@ def test_a_warm_shared_prefix_is_cached_before_the_clock_starts(llm):
     assert run["prefix_cache_hits"] == 2 * len(doc)
 
 
+def test_a_warm_shared_prefix_is_in_the_draft_models_cache_too():
+    from specserve import LLM
+
+    spec = LLM(dtype="float32", speculation_policy="static", speculative_config={
+        "method": "draft", "draft_layers": 2, "num_speculative_tokens": 2})
+    doc = list(range(100, 100 + 4 * spec.engine.block_manager.block_size))
+    workload = PreparedWorkload("w", [doc + [7, 8], doc + [9]], [3, 3])
+    run = run_workload(spec.engine, workload, 2, 2, warm_shared_prefix=True)
+    assert run["prefix_cache_hits"] == run["draft_prefix_cache_hits"] == 2 * len(doc)
+
+
 def test_sweep_summary_flags_where_adaptive_loses():
     def cell(policy: str, c: int, tput: float) -> dict:
         return {"proposer": "ngram", "workload": "json", "policy": policy, "concurrency": c,

@@ -7,8 +7,8 @@ times, interleaved with the order rotated per round, so slow spells of the machi
 all policies; a cell reports the run with the median throughput and the spread of all rounds.
 
 Runs are closed loops (lab.run_workload) with prefix caching on, emptied before every run and
-then warmed with the workload's shared prefix (rag's document, hot as on a real RAG server):
-the sweep's time goes to decoding, which is what the policies change.
+then warmed with the workload's shared prefix (rag's document, hot as on a real RAG server, in
+a draft model's pool too): the sweep's time goes to decoding, which is what the policies change.
 
 `static:K` is the static policy with K_max = K; the others use --k-max.
 """
