@@ -4,6 +4,7 @@ random; rollback leaks nothing; mismatched drafts are refused."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -176,6 +177,45 @@ def test_pools_are_free_after_aborts_and_preemptions(llm):
     assert engine.proposer.seqs == {}
 
 
+def _assert_draft_cache_holds_true_kv(spec) -> int:
+    """Every block the draft model's prefix cache could serve holds the KV the draft computes
+    for the block's tokens after its prefix (recomputed alone, in a fresh engine's draft pool).
+    Returns the number of blocks checked."""
+    draft = spec.engine.proposer
+    bm, bs = draft.block_manager, draft.block_manager.block_size
+    fresh = LLM(dtype="float32", speculative_config=SPEC_CONFIGS["self-draft"],
+                enable_prefix_caching=False).engine.proposer
+    checked = 0
+    for block_id in bm.cached.values():
+        chain, block = [], bm.blocks[block_id]
+        while block is not None:  # back to the first block, through live parent links
+            chain.append(block)
+            if block.parent is None:
+                block = None
+            else:
+                parent = bm.blocks[block.parent[0]]
+                if parent.generation != block.parent[1] or parent.block_hash is None:
+                    chain = []  # the parent was evicted: no lookup reaches this block
+                    break
+                block = parent
+        if not chain:
+            continue
+        tokens = [t for b in reversed(chain) for t in b.token_ids]
+        seq = SimpleNamespace(all_token_ids=tokens, num_tokens=len(tokens), spec_token_ids=[],
+                              num_computed_tokens=0, block_ids=[], block_hashes=[])
+        assert fresh.block_manager.allocate(seq, len(tokens))
+        fresh.runner.execute(fresh.runner.prepare([(seq, len(tokens))]),
+                             torch.tensor([len(tokens) - 1]))
+        got = torch.arange(bs) + block_id * bs
+        want = torch.arange(bs) + seq.block_ids[-1] * bs
+        for mine, ref in zip(draft.runner.kv_caches, fresh.runner.kv_caches, strict=True):
+            torch.testing.assert_close(mine.k[got], ref.k[want], rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(mine.v[got], ref.v[want], rtol=1e-4, atol=1e-4)
+        fresh.block_manager.free(seq)
+        checked += 1
+    return checked
+
+
 def test_a_draft_model_serves_a_shared_prefix_from_its_own_prefix_cache(llm):
     """The second request over the same document finds the document's KV in the draft's pool
     (and the cost model is told so before it drafts), its tokens still those of plain decoding.
@@ -207,7 +247,43 @@ def test_a_draft_model_serves_a_shared_prefix_from_its_own_prefix_cache(llm):
         assert req.output_token_ids == reference[1]
         computed[caching] = draft.num_tokens_computed - before
         assert spec.get_stats()["draft_prefix_cache_hits"] == (shared if caching else 0)
+        if caching:
+            assert _assert_draft_cache_holds_true_kv(spec) >= shared // 16
     assert computed[False] - computed[True] == shared
+
+
+def test_a_draft_rolls_back_its_guesses_when_the_token_budget_verifies_none(llm):
+    """A 5-token budget fits one request's 3 drafts and only the next one's last token: its
+    guesses are dropped unverified. The draft model must still roll back past them before it
+    proposes again (and before its blocks may be cached): its computed tokens never run past
+    the request's own."""
+    tok = llm.get_tokenizer()
+    prompts = [tok(f"Story {i}: once upon a time a small robot", add_special_tokens=False
+                   ).input_ids for i in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    reference = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    spec = LLM(dtype="float32", speculative_config=SPEC_CONFIGS["self-draft"],
+               speculation_policy="static", max_num_batched_tokens=5)
+    draft = spec.engine.proposer
+    ahead, none_verified = [], []
+    propose, on_verified = draft.propose, draft.on_verified
+
+    def checked_propose(reqs, num_tokens):
+        for r, k in zip(reqs, num_tokens, strict=True):
+            seq = draft.seqs.get(r.request_id)
+            if k and seq is not None and seq.num_computed_tokens > r.num_tokens:
+                ahead.append(r.request_id)
+        return propose(reqs, num_tokens)
+
+    def spied_on_verified(req, num_draft, num_accepted):
+        if num_draft == 0:
+            none_verified.append(req.request_id)
+        on_verified(req, num_draft, num_accepted)
+
+    draft.propose, draft.on_verified = checked_propose, spied_on_verified
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == reference
+    assert none_verified and not ahead
+    assert _assert_draft_cache_holds_true_kv(spec) > 0
 
 
 def test_draft_with_another_vocabulary_is_refused(tmp_path):

@@ -338,6 +338,11 @@ class LLMEngine:
                 self._on_verified(req, k, len(tokens) - 1, hit)
             elif hit is not None:  # an unused guess: would it have been accepted?
                 self.spec_policy.observe_verification(req, 1, int(hit))
+            if not k and req.spec_token_ids and not req.spec_from_grammar:
+                # The token budget left room for no draft: the proposer still rolls its own
+                # cache back past the guesses (a draft model's pool would otherwise keep KV of
+                # a guess under the token emitted in its place, and could share it).
+                self.proposer.on_verified(req, 0, 0)
             req.spec_token_ids, req.spec_probs = [], None
             if req.first_token_time is None:
                 req.first_token_time = now
