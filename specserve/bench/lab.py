@@ -203,13 +203,14 @@ def run_workload(engine: LLMEngine, workload: PreparedWorkload, concurrency: int
         engine.reset_prefix_cache()
     prefix = workload.shared_prefix if warm_shared_prefix else []
     if len(prefix) >= engine.block_manager.block_size:
-        # Decoded with one draft, where there is a proposer: a draft model then
-        # holds the document in its own prefix cache too, as on a server that has drafted over
-        # it before (its one verification counts in the policy's estimates, as it would there).
-        drafts = {} if engine.proposer is None else {"speculation_policy": "static",
-                                                      "num_speculative_tokens": 1}
-        engine.add_request(prefix, SamplingParams(temperature=0.0, max_tokens=3,
-                                                  ignore_eos=True, **drafts))
+        # With a draft model, decoded with one draft: the draft then holds the document in its
+        # own prefix cache too, as on a server that has drafted over it before (its one
+        # verification counts in the policy's estimates, as it would there).
+        params = SamplingParams(temperature=0.0, max_tokens=1)
+        if getattr(engine.proposer, "prefix_cacheable", False):
+            params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True,
+                                    speculation_policy="static", num_speculative_tokens=1)
+        engine.add_request(prefix, params)
         while engine.has_unfinished_requests():
             engine.step()
     todo = deque(enumerate(workload.take(num_prompts)))

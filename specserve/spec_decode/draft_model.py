@@ -3,7 +3,8 @@ and its own block pool (Leviathan et al. 2023; Chen et al. 2023).
 
 The draft keeps its own `num_computed_tokens` per request. Proposing K tokens is K batched draft
 forwards: the first one catches up on every token the draft has not seen yet (the prompt at
-first, then the tokens accepted since, or many tokens after a stretch with speculation off), the
+first, less a prefix its pool has cached, then the tokens accepted since, or many tokens after a
+stretch with speculation off), the
 next K-1 feed back the draft's own guesses. After verification the draft rolls back to the last
 accepted position: its KV for rejected guesses is simply overwritten later.
 
