@@ -174,8 +174,9 @@ class SpeculationPlanner:
         members = frozenset(r.request_id for r in free_reqs) if size <= LOOKUP_FIRST_SEQS \
             else None
         # A request running alone (here only with a draft network: a free proposer's few
-        # requests are looked up first, above) is planned at every step. Its plan takes ~20 us,
-        # ~0.2% of a step, and each plan draws the network's rates (sample_prior): an all-zero
+        # requests are looked up first, above) is planned at every step. Its plan takes ~100 us
+        # right after a forward, ~1% of a step at concurrency 1 (session 41's plan_time_c1.txt),
+        # and each plan draws the network's rates (sample_prior): an all-zero
         # draw that stood for REPLAN_STEPS steps made every draw against drafting cost 8 steps
         # (EAGLE head, unseen prose at concurrency 1: K mean 0.29 with all-zero plans standing
         # one step, 0.84 re-planned every step, against static K = 1's 0.99). With more

@@ -1,10 +1,11 @@
-"""A/B in one engine: the self-draft's own prefix cache on vs off (rag, closed loop as bench sweep runs it)."""
+"""A/B in one engine: a draft model's own prefix cache on vs off (rag, closed loop as bench sweep runs it).
+DRAFT=DIR: a trained draft (specserve train-draft --method draft) instead of the 4-layer self-draft."""
 import os, statistics, sys
 from specserve.bench.lab import build_llm, proposer_config, warm_up, prepare_workload, run_workload
 from specserve.bench.sweep import SweepSettings, parse_policy
 WL = os.environ.get("WL", "rag"); CONCS = [int(c) for c in os.environ.get("CONCS", "1,4,16").split(",")]
 ROUNDS = int(os.environ.get("ROUNDS", "6"))
-llm = build_llm(None, {"speculative_config": proposer_config("draft", 4), "speculation_policy": "adaptive",
+llm = build_llm(None, {"speculative_config": proposer_config("draft", 4, draft_model=os.environ.get("DRAFT")), "speculation_policy": "adaptive",
                        "enable_prefix_caching": True, "max_num_seqs": 128})
 eng = llm.engine; warm_up(eng)
 pts = SweepSettings().points
