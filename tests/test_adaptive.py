@@ -633,6 +633,42 @@ def test_the_single_request_plan_equals_the_vector_plan(monkeypatch):
         assert fast[1] == pytest.approx(vector[1]) and fast[2] == pytest.approx(vector[2])
 
 
+def test_the_policy_plans_a_request_alone_as_the_vector_form_plans(monkeypatch):
+    """AdaptivePolicy.choose for one request (its rates as a list, its cap, horizon and context
+    passed as plain numbers) picks what the vector form picks from the same draws and record."""
+    import copy
+
+    from specserve.spec_decode import cost_model
+
+    _, draft = head_cost()
+    target = StepCostModel([1, 2, 4, 8, 16, 32], [8e-3, 8.2e-3, 8.8e-3, 9.5e-3, 11e-3, 14e-3],
+                           kv_read_s=8e-7, attention_s=2e-6, base_context=96)  # context costs
+    policy = build_policy("adaptive", K_MAX, target, draft)
+    rng = random.Random(3)
+    chosen = set()
+    for trial in range(200):
+        req = fake_request(f"r{trial % 7}")
+        req.num_tokens, req.num_output_tokens = rng.randint(20, 3000), rng.randint(0, 255)
+        for _ in range(rng.randint(0, 3)):
+            k = rng.randint(1, K_MAX)
+            policy.observe_verification(req, k, rng.randint(0, k))
+        catch_up, prefill = rng.choice([1, 40, 2000]), rng.choice([0, 0, 300])
+        caps = None if trial % 3 == 0 else [rng.randint(0, K_MAX + 1)]
+        tracker, prev = copy.deepcopy(policy.acceptance), policy.prev_total
+        ks = policy.choose([req], 1, 1 + prefill, [catch_up], prefill, caps)
+        monkeypatch.setattr(cost_model, "SCALAR_MAX_REQS", 0)
+        k_max = K_MAX if caps is None else min(K_MAX, caps[0])
+        want, _, _ = choose_num_speculative_tokens(
+            tracker.estimates([req.request_id], tracker.sample_prior()), np.array([k_max]),
+            1 + prefill, target, draft, np.array([float(catch_up)]), prev,
+            contexts=np.array([req.num_tokens]), num_prefill_tokens=prefill,
+            horizon=np.array([min(req.max_tokens - req.num_output_tokens, 256)]))
+        monkeypatch.undo()
+        assert ks == want.tolist(), trial
+        chosen.add(ks[0])
+    assert 0 in chosen and len(chosen) >= 3  # the plans differ: the test can tell them apart
+
+
 def test_a_few_requests_of_a_free_proposer_are_planned_as_the_vector_form_plans(monkeypatch):
     """Batches of 2-16 requests of a free proposer (n-gram) are planned in plain Python: over
     random rates, caps, contexts, prefill, cost curves (rising, stepped, flat, steep) and

@@ -130,6 +130,11 @@ def cmd_lab(args: argparse.Namespace) -> None:
     total = len(strategies) * len(preset.workloads) * len(preset.concurrency) * preset.repeats
     if args.compare_hf:
         total += baselines.num_baseline_points(preset)
+    # Described before the run: its commit is the code that runs (a checkout edited during a
+    # long run would otherwise stamp the results with the edits).
+    machine = describe_machine(dtype=args.dtype, seed=args.seed, repeats=preset.repeats,
+                               preset=preset.name, num_threads=args.num_threads,
+                               kv_cache_memory=args.kv_cache_memory)
     with _progress() as progress:
         advance = _callback(progress, progress.add_task("lab", total=total))
         lab = run_lab(strategies, preset, common, args.model, advance)
@@ -137,9 +142,7 @@ def cmd_lab(args: argparse.Namespace) -> None:
             baselines.run_baselines(lab, preset, args.model, parse_dtype(args.dtype),
                                     args.num_threads, args.seed, advance)
     results = {
-        "machine": describe_machine(dtype=args.dtype, seed=args.seed, repeats=preset.repeats,
-                                    preset=preset.name, num_threads=args.num_threads,
-                                    kv_cache_memory=args.kv_cache_memory),
+        "machine": machine,
         "preset": asdict(preset),
         "strategies": lab.strategies,
         "points": add_summaries(lab.points),
@@ -242,14 +245,15 @@ def cmd_sweep(args: argparse.Namespace) -> None:
                              args.draft_model, not args.no_prefix_caching, eagle_model)
     total = (len(settings.proposers) * len(settings.policies) * len(points.workloads)
              * len(points.concurrency))
+    machine = describe_machine(dtype=args.dtype, seed=args.seed, repeats=args.repeats,
+                               preset="sweep", num_threads=args.num_threads,
+                               kv_cache_memory=args.kv_cache_memory)  # the code that runs
     with _progress() as progress:
         advance = _callback(progress, progress.add_task("sweep", total=total))
         cells, engines = run_sweep(settings, _common_kwargs(args), args.model, advance)
     summary = summarize_sweep(cells)
     write_json(out / "sweep.json", {
-        "machine": describe_machine(dtype=args.dtype, seed=args.seed, repeats=args.repeats,
-                                    preset="sweep", num_threads=args.num_threads,
-                                    kv_cache_memory=args.kv_cache_memory),
+        "machine": machine,
         "settings": asdict(settings), "engines": engines, "cells": cells, "summary": summary})
     pngs = sweep_plots(cells, out)
     console.print(sweep_table(cells, settings.policies))

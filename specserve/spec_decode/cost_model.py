@@ -457,8 +457,9 @@ def choose_for_one_request(
 ) -> tuple[int, float, float]:
     """choose_num_speculative_tokens for a batch of one, from plain numbers: (K, predicted step
     seconds, goodput). A request running alone is planned at every step, right after a forward
-    has left the CPU's caches cold, where the vector form's prologue (a dozen numpy calls on
-    arrays of one) took ~85 us of a ~240 us plan (2-core Zen 5, self-draft at concurrency 1)."""
+    has left the CPU's caches cold, where the vector function took 58 us of a 148 us plan, ~35
+    of them its prologue's numpy calls on arrays of one (2-core Zen 5, self-draft at
+    concurrency 1; docs/results/2026-12-06-session41/plan_time_c1.txt)."""
     ctx = max(float(context) - target_cost.base_context, 0.0)
     prefill_time = float(target_cost.extra_tokens_time(num_base_tokens - num_prefill_tokens,
                                                        num_prefill_tokens))

@@ -17,8 +17,9 @@ A draft trained by `specserve train-draft` shares the target's embedding (passed
 The draft's pool has automatic prefix caching when the engine's has: the draft's KV at a position
 depends on the tokens up to it alone, so a prefix it computed for one request serves the next.
 Without it, every request's first proposal caught up on its whole prompt, a shared RAG document
-included: ~0.19 s for the 4-layer self-draft on rag's 2.5k-token prompt, twenty decode steps at
-concurrency 1 (docs/results/2026-12-06-session40/sweep-draft-detail.txt).
+included: the 4-layer self-draft on rag at concurrency 1 spent 0.19 s drafting 8 tokens in a run,
+~16 decode steps, most of it catching up on the 2.5k-token document
+(docs/results/2026-12-06-session40/sweep-draft-detail.txt).
 """
 
 from __future__ import annotations
