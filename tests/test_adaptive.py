@@ -320,6 +320,30 @@ def test_a_catch_up_is_priced_without_logits_and_scaled_with_the_draft():
     assert draft.extra_tokens_time(1, 149) == pytest.approx(2 * 149 * 3e-5, rel=0.05)
 
 
+def test_a_drafts_own_attention_over_a_long_context_is_priced():
+    """Each draft forward reads the request's context too: at a 3,000-token context the plan
+    drafts less deep than at 100 when the draft's attention is priced, and as deep when it
+    costs nothing (alone and in a batch of four); and
+    a proposal's forwards are predicted with their contexts, so that a long context's time
+    does not pull the scale (which would overprice every short forward)."""
+    target, plain = head_cost()
+    draft = StepCostModel(plain.x.tolist(), plain.y.tolist(), chunk=plain.chunk,
+                          kv_read_s=1e-6, attention_s=2e-7, base_context=64)
+    for n in (1, 4):
+        common = dict(alphas=np.full((n, K_MAX), 0.5), k_max=np.full(n, K_MAX),
+                      num_base_tokens=n, target_cost=target, catch_up=np.ones(n),
+                      horizon=np.full(n, 100))
+        for cost, fewer in ((plain, False), (draft, True)):
+            short = choose_num_speculative_tokens(**common, draft_cost=cost,
+                                                  contexts=np.full(n, 100))[0]
+            long = choose_num_speculative_tokens(**common, draft_cost=cost,
+                                                 contexts=np.full(n, 3000))[0]
+            assert short.sum() > 0 and (long.sum() < short.sum()) == fewer, (n, short, long)
+    runs = [(2999, 1)]  # one token at position 2999: its attention reads 3,000 positions
+    predicted = draft.update_forwards([(1, 1, runs)], 1.0)
+    assert predicted == pytest.approx(plain.forward_time(1, 1) + 1e-6 * 2936 + 2e-7 * 2936)
+
+
 def test_a_long_catch_up_is_spread_over_the_verifications_it_enables():
     """A prompt of 2,000 tokens to catch up on costs 60 ms, three target steps: charged to one
     step it keeps the head off for good (each step it waits the catch-up only grows); spread
@@ -613,13 +637,15 @@ def test_the_single_request_plan_equals_the_vector_plan(monkeypatch):
     rng = np.random.default_rng(0)
     target = StepCostModel([1, 2, 4, 8, 16, 32], [8e-3, 8.2e-3, 8.8e-3, 9.5e-3, 11e-3, 14e-3],
                            kv_read_s=8e-7, attention_s=2e-7, base_context=96)
-    drafts = [None, StepCostModel([1, 4, 16], [1e-3, 1.1e-3, 1.5e-3]), head_cost()[1]]
-    for trial in range(300):
+    drafts = [None, StepCostModel([1, 4, 16], [1e-3, 1.1e-3, 1.5e-3]), head_cost()[1],
+              StepCostModel([1, 4, 16], [1e-3, 1.1e-3, 1.5e-3], kv_read_s=3e-7,
+                            attention_s=1e-7, base_context=64)]  # its attention priced too
+    for trial in range(400):
         kwargs = dict(
             alphas=rng.uniform(0, 1, size=(1, 4)) ** rng.uniform(0.2, 3),
             k_max=[rng.integers(0, 6)],
             num_base_tokens=1 + int(rng.integers(0, 3)) * 64, target_cost=target,
-            draft_cost=drafts[trial % 3], catch_up=np.array([rng.integers(0, 5) ** 4]),
+            draft_cost=drafts[trial % 4], catch_up=np.array([rng.integers(0, 5) ** 4]),
             horizon=None if trial % 4 == 0 else np.array([rng.integers(1, 100)]),
             prev_total=None if trial % 3 == 0 else int(rng.integers(0, 5)),
             contexts=np.array([rng.integers(10, 3000)]))

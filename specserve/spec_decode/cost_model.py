@@ -151,16 +151,25 @@ class StepCostModel:
             return self(num_seqs + extra_tokens) - self(num_seqs)
         return self.scale * (self.chunk(num_seqs + extra_tokens) - self.chunk(num_seqs))
 
+    def runs_context_time(self, runs: Iterable[tuple[int, int]]) -> float:
+        """The context terms of a forward over runs, (first position, tokens) per sequence."""
+        base = self.base_context
+        return self.context_time(sum(max(start + n - base, 0) for start, n in runs),
+                                 sum(token_context_sum(start, n, base) for start, n in runs))
+
     def forward_time(self, num_tokens: int, num_seqs: int) -> float:
         """A forward of num_seqs sequences carrying num_tokens tokens, logits for one row each."""
         return float(self(num_seqs)) + float(self.extra_tokens_time(num_seqs,
                                                                     num_tokens - num_seqs))
 
-    def update_forwards(self, forwards: list[tuple[int, int]], seconds: float) -> float:
-        """Move the scale toward the measured time of several forwards, (tokens, sequences)
-        each (a proposal: a catch-up forward, then one token per sequence). Returns their time
+    def update_forwards(self, forwards: list[tuple], seconds: float) -> float:
+        """Move the scale toward the measured time of several forwards, (tokens, sequences[,
+        runs]) each (a proposal: a catch-up forward, then one token per sequence; runs: (first
+        position, tokens) per sequence, whose context the attention read). Returns their time
         as predicted before the move."""
-        predicted = sum(self.forward_time(t, n) for t, n in forwards)
+        predicted = sum(self.forward_time(f[0], f[1]) + self.runs_context_time(f[2] if len(f) > 2
+                                                                             else ())
+                        for f in forwards)
         if predicted > 0 and seconds > 0:
             self._pull(seconds / predicted)
         return predicted
@@ -353,10 +362,17 @@ def choose_num_speculative_tokens(
     gain = gains[req_idx, level]
     level = level + 1
     attn = attn_s * ctx[req_idx]
+    # The draft's own attention: each of its forwards reads the request's context too (a
+    # trained draft's forwards over 16 rag requests took 1.5-3.3x a prediction without it).
+    dctx = np.zeros(num_reqs) if draft_cost is None or contexts is None else \
+        beyond(contexts, draft_cost.base_context)
+    dattn = np.zeros(len(req_idx)) if draft_cost is None else \
+        draft_cost.context_time(dctx[req_idx], dctx[req_idx])
     token_s = max((float(target_cost(num_base_tokens + 16)) - float(target_cost(num_base_tokens)))
                   / 16, 1e-9)  # marginal time of one more token, context aside
-    order = np.lexsort((level, -gain / (token_s + attn)))  # a request's levels stay in order
-    req_idx, level, gain, attn = req_idx[order], level[order], gain[order], attn[order]
+    order = np.lexsort((level, -gain / (token_s + attn + dattn)))  # a request's levels in order
+    req_idx, level, gain, attn, dattn = (req_idx[order], level[order], gain[order], attn[order],
+                                         dattn[order])
     # A draft network's chained forward j serves every request with K >= j at about the price
     # of one: the depth of the drafts, not their number, sets the draft's cost. Taken in order
     # of gain per target-second alone, the levels 3-4 of the best request came before level 1 of
@@ -383,7 +399,7 @@ def choose_num_speculative_tokens(
         # that deep); forward 1 also catches up.
         width = np.concatenate([np.zeros((len(levels), 1)), np.cumsum(
             level[None, :] == levels[:, None], axis=1)], axis=1)  # [depth, M + 1]
-        time = time + np.cumsum(draft_cost(width), axis=0)  # row d: forwards 1..d + 1
+        time = time + np.cumsum(draft_cost(width), axis=0) + upto(dattn)  # row d: 1..d + 1
         charged = time
         if catch_up is not None:
             extra = np.maximum(np.asarray(catch_up, dtype=np.float64) - 1, 0.0)
@@ -393,8 +409,13 @@ def choose_num_speculative_tokens(
             paid_s = np.concatenate([[0.0], np.cumsum(np.where(
                 first, extra[req_idx] * share[req_idx], 0.0))])
             catch_up_s = draft_cost.extra_tokens_time(width[0], extra_s)
-            time = time + catch_up_s
-            charged = charged + catch_up_s * paid_s / np.maximum(extra_s, 1e-9)
+            # the caught-up tokens' attention, each over about the request's context
+            extra_ctx = draft_cost.context_time(0.0, extra * dctx)[req_idx]
+            ctx_s = np.concatenate([[0.0], np.cumsum(np.where(first, extra_ctx, 0.0))])
+            ctx_paid = np.concatenate([[0.0], np.cumsum(np.where(
+                first, extra_ctx * share[req_idx], 0.0))])
+            time = time + catch_up_s + ctx_s
+            charged = charged + catch_up_s * paid_s / np.maximum(extra_s, 1e-9) + ctx_paid
     goodput = tokens / np.maximum(charged, 1e-9)
     row, best = np.unravel_index(int(np.argmax(goodput)), goodput.shape)  # the first maximum
     none_goodput = goodput[0, 0]
@@ -461,6 +482,7 @@ def choose_for_one_request(
     of them its prologue's numpy calls on arrays of one (2-core Zen 5, self-draft at
     concurrency 1; docs/results/2026-12-06-session41/plan_time_c1.txt)."""
     ctx = max(float(context) - target_cost.base_context, 0.0)
+    draft_ctx = 0.0 if draft_cost is None else max(float(context) - draft_cost.base_context, 0.0)
     prefill_time = float(target_cost.extra_tokens_time(num_base_tokens - num_prefill_tokens,
                                                        num_prefill_tokens))
     base_time = float(target_cost(num_base_tokens - num_prefill_tokens)) \
@@ -469,14 +491,15 @@ def choose_for_one_request(
         return 0, base_time + prefill_time, 1.0 / max(base_time, 1e-9)
     k, time, goodput = _choose_one(rates, k_max, num_base_tokens, target_cost, draft_cost,
                                    catch_up, horizon, prev_total, hysteresis, min_gain, ctx,
-                                   base_time)
+                                   base_time, draft_ctx)
     return k, time + prefill_time, goodput
 
 
 def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
                 target_cost: StepCostModel, draft_cost, catch_up: float,
                 horizon: float | None, prev_total: int | None, hysteresis: float,
-                min_gain: float, ctx: float, base_time: float) -> tuple[int, float, float]:
+                min_gain: float, ctx: float, base_time: float, draft_ctx: float = 0.0
+                ) -> tuple[int, float, float]:
     """choose_num_speculative_tokens for one request, in plain Python (K, predicted step time
     without prefill, goodput): the same goodput curve, whose increments are the request's levels
     in order. At concurrency 1 the vector form's ~40 numpy calls cost ~0.2 ms per plan, 2% of a
@@ -486,9 +509,12 @@ def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
     reach = [1.0]  # reach[k]: P(drafts 1..k right), the tokens the k-th draft adds
     for k in range(1, k_max + 1):
         reach.append(reach[-1] * min(max(rates[min(k, len(rates)) - 1], 0.0), 0.999999))
-    catch_up_s, share = 0.0, 1.0
+    catch_up_s, share, draft_s = 0.0, 1.0, 0.0
+    if draft_cost is not None:  # a forward's time, its attention over the context included
+        draft_s = float(draft_cost(1)) + draft_cost.context_time(draft_ctx, draft_ctx)
     if draft_cost is not None and catch_up > 1:
-        catch_up_s = float(draft_cost.extra_tokens_time(1, catch_up - 1))
+        catch_up_s = float(draft_cost.extra_tokens_time(1, catch_up - 1)) \
+            + draft_cost.context_time(0.0, (catch_up - 1) * draft_ctx)
         if horizon is not None:  # catch_up_share for one request
             share = min(sum(reach) / max(horizon, 1.0), 1.0)
     tokens, time = 1.0, base_time
@@ -499,7 +525,7 @@ def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
         time = base_time - t_base + target_cost(num_base_tokens + k) + attn * k
         charged = time
         if draft_cost is not None:  # forward 1 also catches up; each later one is one token
-            time += k * draft_cost(1) + catch_up_s
+            time += k * draft_s + catch_up_s
             charged = time - (1 - share) * catch_up_s
         goodput.append(tokens / max(charged, 1e-9))
         times.append(time)

@@ -145,7 +145,8 @@ class DraftModelProposer(ModelProposer):
             _, logits = self.runner.execute(inputs, last)  # [len(batch), vocab]
             self.num_forwards += 1
             self.num_tokens_computed += sum(n for _, n in batch)
-            self.last_forwards.append((sum(n for _, n in batch), len(batch)))
+            self.last_forwards.append((sum(n for _, n in batch), len(batch),
+                                       [(seq.num_computed_tokens, n) for seq, n in batch]))
             for seq, n in batch:
                 seq.num_computed_tokens += n
             tokens, probs = draft_tokens(logits, [seqs[i].req.params for i in alive],

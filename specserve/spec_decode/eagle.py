@@ -294,7 +294,8 @@ class EagleProposer(ModelProposer):
             out = hidden.index_select(0, last.to(hidden.device))  # [len(batch), hidden]
             self.num_forwards += 1
             self.num_tokens_computed += sum(n for _, n in batch)
-            self.last_forwards.append((sum(n for _, n in batch), len(batch)))
+            self.last_forwards.append((sum(n for _, n in batch), len(batch),
+                                       [(seq.num_computed_tokens, n) for seq, n in batch]))
             for seq, n in batch:
                 seq.num_computed_tokens += n
                 if first_forward:  # real-feature positions: kept across proposals

@@ -30,8 +30,9 @@ class Proposer(ABC):
     free_lookahead: bool = False
 
     def __init__(self) -> None:
-        # (tokens, sequences) of each draft forward since the engine last read them
-        self.last_forwards: list[tuple[int, int]] = []
+        # (tokens, sequences, runs) of each draft forward since the engine last read them; runs:
+        # (first position, tokens) per sequence, the context its attention read
+        self.last_forwards: list[tuple[int, int, list[tuple[int, int]]]] = []
 
     def allocate_kv_cache(self, num_blocks: int,  # noqa: B027 (optional hook)
                           enable_prefix_caching: bool = False) -> None:
