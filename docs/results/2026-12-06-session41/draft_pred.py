@@ -13,8 +13,10 @@ rows = []
 orig = pol.AdaptivePolicy.observe_step
 def spy(self, num_tokens, forward_s, draft_forwards, draft_s, runs=(), num_without_logits=0):
     if draft_forwards:
-        pred = sum(self.draft_cost.forward_time(t, n) for t, n in draft_forwards)
-        rows.append((len(draft_forwards), sum(t for t, _ in draft_forwards), max(n for _, n in draft_forwards), pred, draft_s, self.draft_cost.scale))
+        dc = self.draft_cost
+        ctx = getattr(dc, "runs_context_time", None)
+        pred = sum(dc.forward_time(f[0], f[1]) + (ctx(f[2]) if ctx and len(f) > 2 else 0.0) for f in draft_forwards)
+        rows.append((len(draft_forwards), sum(f[0] for f in draft_forwards), max(f[1] for f in draft_forwards), pred, draft_s, dc.scale))
     return orig(self, num_tokens, forward_s, draft_forwards, draft_s, runs, num_without_logits)
 pol.AdaptivePolicy.observe_step = spy
 for r in range(4):
