@@ -339,6 +339,19 @@ def test_a_drafts_own_attention_over_a_long_context_is_priced():
             long = choose_num_speculative_tokens(**common, draft_cost=cost,
                                                  contexts=np.full(n, 3000))[0]
             assert short.sum() > 0 and (long.sum() < short.sum()) == fewer, (n, short, long)
+    # A catch-up's tokens are priced over the context before each (both plan forms): with
+    # drafts that surely pay, the priced plan's step is longer by exactly the draft's context
+    # terms: K forwards over the context, and 199 caught-up tokens at positions 100-298.
+    for n in (1, 2):
+        common = dict(alphas=np.full((n, K_MAX), 0.99), k_max=np.full(n, K_MAX),
+                      num_base_tokens=n, target_cost=target, catch_up=np.full(n, 200),
+                      horizon=np.full(n, 100), contexts=np.full(n, 300))
+        ks, priced, _ = choose_num_speculative_tokens(**common, draft_cost=draft)
+        ks_plain, unpriced, _ = choose_num_speculative_tokens(**common, draft_cost=plain)
+        assert ks.tolist() == ks_plain.tolist() == [K_MAX] * n
+        extra = K_MAX * draft.context_time(236, 236) + draft.context_time(
+            0.0, token_context_sum(100, 199, 64))
+        assert priced - unpriced == pytest.approx(n * extra)
     runs = [(2999, 1)]  # one token at position 2999: its attention reads 3,000 positions
     predicted = draft.update_forwards([(1, 1, runs)], 1.0)
     assert predicted == pytest.approx(plain.forward_time(1, 1) + 1e-6 * 2936 + 2e-7 * 2936)
@@ -646,7 +659,7 @@ def test_the_single_request_plan_equals_the_vector_plan(monkeypatch):
             k_max=[rng.integers(0, 6)],
             num_base_tokens=1 + int(rng.integers(0, 3)) * 64, target_cost=target,
             draft_cost=drafts[trial % 4], catch_up=np.array([rng.integers(0, 5) ** 4]),
-            horizon=None if trial % 4 == 0 else np.array([rng.integers(1, 100)]),
+            horizon=None if trial % 5 == 0 else np.array([rng.integers(1, 100)]),
             prev_total=None if trial % 3 == 0 else int(rng.integers(0, 5)),
             contexts=np.array([rng.integers(10, 3000)]))
         kwargs["num_prefill_tokens"] = kwargs["num_base_tokens"] - 1

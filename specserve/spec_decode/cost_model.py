@@ -63,6 +63,13 @@ def token_context_sum(start: int, num_tokens: int, base: int) -> float:
     return 0.0 if hi < lo else (hi - lo + 1) * ((lo + hi) / 2 - base)
 
 
+def token_context_sums(starts: np.ndarray, nums: np.ndarray, base: int) -> np.ndarray:
+    """token_context_sum over arrays of runs."""
+    lo = np.maximum(starts + 1, base + 1)
+    hi = starts + nums
+    return np.where(hi < lo, 0.0, (hi - lo + 1) * ((lo + hi) / 2 - base))
+
+
 class StepCostModel:
     """Seconds per forward as a piecewise-linear function of the number of tokens, plus the
     context terms above.
@@ -409,8 +416,10 @@ def choose_num_speculative_tokens(
             paid_s = np.concatenate([[0.0], np.cumsum(np.where(
                 first, extra[req_idx] * share[req_idx], 0.0))])
             catch_up_s = draft_cost.extra_tokens_time(width[0], extra_s)
-            # the caught-up tokens' attention, each over about the request's context
-            extra_ctx = draft_cost.context_time(0.0, extra * dctx)[req_idx]
+            # the caught-up tokens' attention, each over the context before it
+            raw = np.zeros(num_reqs) if contexts is None else np.asarray(contexts, np.float64)
+            extra_ctx = draft_cost.context_time(0.0, token_context_sums(
+                raw - extra - 1, extra, draft_cost.base_context))[req_idx]
             ctx_s = np.concatenate([[0.0], np.cumsum(np.where(first, extra_ctx, 0.0))])
             ctx_paid = np.concatenate([[0.0], np.cumsum(np.where(
                 first, extra_ctx * share[req_idx], 0.0))])
@@ -482,7 +491,11 @@ def choose_for_one_request(
     of them its prologue's numpy calls on arrays of one (2-core Zen 5, self-draft at
     concurrency 1; docs/results/2026-12-06-session41/plan_time_c1.txt)."""
     ctx = max(float(context) - target_cost.base_context, 0.0)
-    draft_ctx = 0.0 if draft_cost is None else max(float(context) - draft_cost.base_context, 0.0)
+    draft_ctx = catch_up_ctx = 0.0
+    if draft_cost is not None:
+        draft_ctx = max(float(context) - draft_cost.base_context, 0.0)
+        extra = max(catch_up - 1, 0.0)  # caught-up tokens before the last, over their contexts
+        catch_up_ctx = token_context_sum(context - extra - 1, extra, draft_cost.base_context)
     prefill_time = float(target_cost.extra_tokens_time(num_base_tokens - num_prefill_tokens,
                                                        num_prefill_tokens))
     base_time = float(target_cost(num_base_tokens - num_prefill_tokens)) \
@@ -491,15 +504,15 @@ def choose_for_one_request(
         return 0, base_time + prefill_time, 1.0 / max(base_time, 1e-9)
     k, time, goodput = _choose_one(rates, k_max, num_base_tokens, target_cost, draft_cost,
                                    catch_up, horizon, prev_total, hysteresis, min_gain, ctx,
-                                   base_time, draft_ctx)
+                                   base_time, draft_ctx, catch_up_ctx)
     return k, time + prefill_time, goodput
 
 
 def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
                 target_cost: StepCostModel, draft_cost, catch_up: float,
                 horizon: float | None, prev_total: int | None, hysteresis: float,
-                min_gain: float, ctx: float, base_time: float, draft_ctx: float = 0.0
-                ) -> tuple[int, float, float]:
+                min_gain: float, ctx: float, base_time: float, draft_ctx: float = 0.0,
+                catch_up_ctx: float = 0.0) -> tuple[int, float, float]:
     """choose_num_speculative_tokens for one request, in plain Python (K, predicted step time
     without prefill, goodput): the same goodput curve, whose increments are the request's levels
     in order. At concurrency 1 the vector form's ~40 numpy calls cost ~0.2 ms per plan, 2% of a
@@ -514,7 +527,7 @@ def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
         draft_s = float(draft_cost(1)) + draft_cost.context_time(draft_ctx, draft_ctx)
     if draft_cost is not None and catch_up > 1:
         catch_up_s = float(draft_cost.extra_tokens_time(1, catch_up - 1)) \
-            + draft_cost.context_time(0.0, (catch_up - 1) * draft_ctx)
+            + draft_cost.context_time(0.0, catch_up_ctx)
         if horizon is not None:  # catch_up_share for one request
             share = min(sum(reach) / max(horizon, 1.0), 1.0)
     tokens, time = 1.0, base_time

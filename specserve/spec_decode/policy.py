@@ -75,10 +75,10 @@ class SpecPolicy:
         self.acceptance.observe(req.request_id, num_draft, num_accepted)
 
     def observe_step(self, num_tokens: int, forward_s: float,
-                     draft_forwards: list[tuple[int, int]], draft_s: float,
+                     draft_forwards: list[tuple[int, int, list[tuple[int, int]]]], draft_s: float,
                      runs: list[tuple[int, int]] = (), num_without_logits: int = 0) -> None:
         """A step ran: num_tokens in one target forward of forward_s seconds, draft forwards of
-        (tokens, sequences) each in draft_s seconds; runs: (first position, tokens) of each
+        (tokens, sequences, runs) each in draft_s seconds; runs: (first position, tokens) of each
         scheduled sequence (the context the forward's attention read); num_without_logits of
         the tokens needed no logits (prefill chunks)."""
         if self.last_predicted_s is not None:
