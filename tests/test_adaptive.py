@@ -312,8 +312,8 @@ def test_a_catch_up_is_priced_without_logits_and_scaled_with_the_draft():
     assert draft.forward_time(150, 1) == pytest.approx(0.001 + 149 * 3e-5)
     assert draft.forward_time(4, 4) == pytest.approx(draft(4))
     # one proposal, measured twice as slow as predicted: both curves move
-    forwards = [(150, 1), (1, 1), (1, 1)]
-    predicted = sum(draft.forward_time(t, n) for t, n in forwards)
+    forwards = [(150, 1, []), (1, 1, []), (1, 1, [])]
+    predicted = sum(draft.forward_time(t, n) for t, n, _ in forwards)
     for _ in range(60):
         draft.update_forwards(forwards, 2 * predicted)
     assert draft(1) == pytest.approx(0.002, rel=0.05)

@@ -89,6 +89,24 @@ class BlockManager:
             parent = (block_id, block.generation)
         return hit
 
+    def cached_prefix_hint(self, req: Request) -> int:
+        """Tokens of req's prefix the cache likely holds (find_cached_prefix's answer, for a
+        cost model asking at every step): hashes only, ~log2 of the prompt's blocks of them. A
+        block's hash chains its whole prefix, and a prefix outlives its continuation in the LRU
+        order, so the cached blocks of a request are a leading run: the longest one is found by
+        bisection."""
+        if not self.enable_prefix_caching or not self.cached:
+            return 0
+        hashes = self._request_hashes(req, req.num_tokens - 1)
+        lo, hi = 0, len(hashes)  # the first lo blocks are cached; is block hi - 1?
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if hashes[mid - 1] in self.cached:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo * self.block_size
+
     def record_prefix_lookup(self, num_queried: int, num_hit: int) -> None:
         """Counted once per admitted request (a request retried at the queue head is not)."""
         if not self.enable_prefix_caching:

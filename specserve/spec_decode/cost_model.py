@@ -63,6 +63,13 @@ def token_context_sum(start: int, num_tokens: int, base: int) -> float:
     return 0.0 if hi < lo else (hi - lo + 1) * ((lo + hi) / 2 - base)
 
 
+def runs_context(runs: Iterable[tuple[int, int]], base: int) -> tuple[float, float]:
+    """(sequence context, token context) of a forward over runs, (first position, tokens) per
+    sequence, beyond the profiled context: what StepCostModel.context_time takes."""
+    return (sum(max(start + n - base, 0) for start, n in runs),
+            sum(token_context_sum(start, n, base) for start, n in runs))
+
+
 def token_context_sums(starts: np.ndarray, nums: np.ndarray, base: int) -> np.ndarray:
     """token_context_sum over arrays of runs."""
     lo = np.maximum(starts + 1, base + 1)
@@ -158,25 +165,20 @@ class StepCostModel:
             return self(num_seqs + extra_tokens) - self(num_seqs)
         return self.scale * (self.chunk(num_seqs + extra_tokens) - self.chunk(num_seqs))
 
-    def runs_context_time(self, runs: Iterable[tuple[int, int]]) -> float:
-        """The context terms of a forward over runs, (first position, tokens) per sequence."""
-        base = self.base_context
-        return self.context_time(sum(max(start + n - base, 0) for start, n in runs),
-                                 sum(token_context_sum(start, n, base) for start, n in runs))
-
     def forward_time(self, num_tokens: int, num_seqs: int) -> float:
         """A forward of num_seqs sequences carrying num_tokens tokens, logits for one row each."""
         return float(self(num_seqs)) + float(self.extra_tokens_time(num_seqs,
                                                                     num_tokens - num_seqs))
 
-    def update_forwards(self, forwards: list[tuple], seconds: float) -> float:
-        """Move the scale toward the measured time of several forwards, (tokens, sequences[,
-        runs]) each (a proposal: a catch-up forward, then one token per sequence; runs: (first
+    def update_forwards(self, forwards: list[tuple[int, int, list[tuple[int, int]]]],
+                        seconds: float) -> float:
+        """Move the scale toward the measured time of several forwards, (tokens, sequences,
+        runs) each (a proposal: a catch-up forward, then one token per sequence; runs: (first
         position, tokens) per sequence, whose context the attention read). Returns their time
         as predicted before the move."""
-        predicted = sum(self.forward_time(f[0], f[1]) + self.runs_context_time(f[2] if len(f) > 2
-                                                                             else ())
-                        for f in forwards)
+        predicted = sum(self.forward_time(t, n)
+                        + self.context_time(*runs_context(runs, self.base_context))
+                        for t, n, runs in forwards)
         if predicted > 0 and seconds > 0:
             self._pull(seconds / predicted)
         return predicted

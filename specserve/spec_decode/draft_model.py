@@ -165,27 +165,7 @@ class DraftModelProposer(ModelProposer):
         seq = self.seqs.get(req.request_id)
         if seq is not None and seq.block_ids:
             return req.num_tokens - seq.num_computed_tokens
-        return req.num_tokens - self._cached_prefix_hint(req)
-
-    def _cached_prefix_hint(self, req: Request) -> int:
-        """Tokens of req's prefix the draft's pool likely holds, for the cost model: asked at
-        every plan, so it only looks hashes up (~log2 of the prompt's blocks), where
-        find_cached_prefix compares every block's tokens. A block's hash chains its whole
-        prefix, and a prefix outlives its continuation in the LRU order, so the cached blocks
-        of a request are a leading run: the longest one is found by bisection."""
-        bm = self.block_manager
-        if not bm.enable_prefix_caching or not bm.cached:
-            return 0
-        seq = self._seq(req)
-        hashes = bm._request_hashes(seq, seq.num_tokens - 1)  # memoised on the seq
-        lo, hi = 0, len(hashes)  # the first lo blocks are cached; is block hi - 1?
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if hashes[mid - 1] in bm.cached:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo * bm.block_size
+        return req.num_tokens - self.block_manager.cached_prefix_hint(self._seq(req))
 
     def _cache_computed(self, seq: DraftSeq) -> None:
         """Offer seq's full blocks to the prefix cache, when all it has computed are real

@@ -24,7 +24,7 @@ from specserve.spec_decode.cost_model import (
     StepCostModel,
     choose_for_one_request,
     choose_num_speculative_tokens,
-    token_context_sum,
+    runs_context,
 )
 
 POLICY_NAMES = ("off", "static", "batch-threshold:N", "schedule:B=K,...", "adaptive")
@@ -193,11 +193,9 @@ class AdaptivePolicy(SpecPolicy):
         """The step's error is the cost model's, for the step as it ran: a plan's forecast also
         misses what arrives after it (a 300 ms prefill forecast as a 19 ms decode step), which
         says nothing about the model."""
-        base = self.target_cost.base_context
-        seq_context = sum(max(start + n - base, 0) for start, n in runs)
-        token_context = sum(token_context_sum(start, n, base) for start, n in runs)
-        self.last_predicted_s = self.target_cost.update(num_tokens, forward_s, seq_context,
-                                                        token_context, num_without_logits)
+        self.last_predicted_s = self.target_cost.update(
+            num_tokens, forward_s, *runs_context(runs, self.target_cost.base_context),
+            num_without_logits)
         if self.draft_cost is not None and draft_forwards:
             self.last_predicted_s += self.draft_cost.update_forwards(draft_forwards, draft_s)
         super().observe_step(num_tokens, forward_s, draft_forwards, draft_s, runs,
