@@ -51,7 +51,8 @@ def probe(bm: BlockManager, tokens: list[int]) -> list[int]:
     return hit
 
 
-def check_invariants(bm: BlockManager, live: list[Request]) -> None:
+def check_invariants(bm: BlockManager, live: list[Request], registered: bool = False) -> None:
+    """registered: cache_blocks ran on every live request since its last computed token."""
     counts = [0] * bm.num_blocks
     for req in live:
         for b in req.block_ids:
@@ -61,6 +62,10 @@ def check_invariants(bm: BlockManager, live: list[Request]) -> None:
     for h, b in bm.cached.items():
         assert bm.blocks[b].block_hash == h
         assert bm.blocks[b].token_ids is not None
+    for req in live if registered else ():
+        # cache_blocks resumes where it stopped: it must have skipped nothing
+        full = req.num_computed_tokens // BS
+        assert all(bm.blocks[b].block_hash is not None for b in req.block_ids[:full])
 
 
 def free_order_ok(bm: BlockManager) -> bool:
@@ -206,6 +211,23 @@ def test_only_computed_full_blocks_are_cached():
     a.num_computed_tokens = 3 * BS
     bm.cache_blocks(a)
     assert probe(bm, toks(1, 3 * BS + 1)) == a.block_ids
+
+
+def test_a_request_freed_and_admitted_again_registers_its_new_blocks():
+    """cache_blocks starts at the blocks it registered last time: preemption frees them all,
+    so a readmitted request whose old blocks were evicted must register its new ones."""
+    bm = BlockManager(4, BS)
+    a = make_req(toks(1, 2 * BS), "a")
+    prefill(bm, a)
+    assert a.num_hashed_blocks == 2
+    bm.free(a)  # preempted
+    b = make_req(toks(2, 4 * BS), "b")
+    prefill(bm, b)  # evicts a's blocks
+    bm.free(b)
+    a.num_computed_tokens = 0
+    prefill(bm, a)
+    assert a.num_hashed_blocks == 2
+    assert probe(bm, toks(1, 2 * BS) + [0]) == a.block_ids
 
 
 def test_prefix_caching_disabled():
@@ -459,7 +481,7 @@ def test_random_workload_keeps_invariants_and_serves_only_matching_kv():
         elif live:
             req = live.pop(rng.randrange(len(live)))
             bm.free(req)
-        check_invariants(bm, live)
+        check_invariants(bm, live, registered=True)
     assert num_hit_blocks > 20  # the workload did exercise the cache
     for req in live:
         bm.free(req)

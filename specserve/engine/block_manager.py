@@ -144,20 +144,26 @@ class BlockManager:
         return True
 
     def cache_blocks(self, req: Request) -> None:
-        """Register req's blocks that are full of computed tokens in the prefix cache."""
+        """Register req's blocks that are full of computed tokens in the prefix cache. Called at
+        every step for every running request, so it starts where the last call stopped
+        (req.num_hashed_blocks) instead of walking a long context's blocks again."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
+        num_full = req.num_computed_tokens // bs
+        if num_full <= req.num_hashed_blocks:
+            return
         hashes = self._request_hashes(req, req.num_computed_tokens)
-        for i in range(req.num_computed_tokens // bs):
+        for i in range(req.num_hashed_blocks, num_full):
             block = self.blocks[req.block_ids[i]]
-            if block.block_hash is not None:
+            if block.block_hash is not None:  # served from the cache at admission
                 continue
             prev = self.blocks[req.block_ids[i - 1]] if i else None
             block.parent = (prev.block_id, prev.generation) if prev else None
             block.block_hash = hashes[i]
             block.token_ids = tuple(req.all_token_ids[i * bs:(i + 1) * bs])
             self.cached.setdefault(hashes[i], block.block_id)
+        req.num_hashed_blocks = num_full
 
     def free(self, req: Request) -> None:
         """Drop req's references. Tail blocks are queued first so that a prefix outlives its
@@ -170,6 +176,7 @@ class BlockManager:
                 if block.block_hash is None:  # nothing to keep: reuse it first
                     self.free_queue.move_to_end(block_id, last=False)
         req.block_ids = []
+        req.num_hashed_blocks = 0
 
     def trim(self, req: Request, num_tokens: int) -> None:
         """Release blocks beyond what num_tokens needs (after rejected speculative tokens)."""
@@ -182,6 +189,7 @@ class BlockManager:
                 self.free_queue[block_id] = None
                 self.free_queue.move_to_end(block_id, last=False)
         del req.block_hashes[num_tokens // self.block_size:]
+        req.num_hashed_blocks = min(req.num_hashed_blocks, len(req.block_ids))
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block that no request holds (benchmarks measure cold prefills)."""

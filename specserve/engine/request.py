@@ -48,6 +48,7 @@ class Request:
         self.stop_reason: int | str | None = None
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # chained hashes of the full blocks of all_token_ids
+        self.num_hashed_blocks = 0  # leading blocks already offered to the prefix cache
         self.spec_token_ids: list[int] = []  # draft tokens scheduled for verification
         self.spec_probs: torch.Tensor | None = None  # [len(spec_token_ids), vocab] or None
         self.spec_from_grammar = False  # spec_token_ids are the grammar's forced tokens

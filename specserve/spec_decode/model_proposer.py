@@ -24,6 +24,7 @@ class ProposerSeq:
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []
+        self.num_hashed_blocks = 0  # see Request
         self.spec_token_ids: list[int] = []
         self.generator = None
         if req.params.seed is not None:  # the proposer's own stream: the target's stays intact
