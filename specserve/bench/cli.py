@@ -276,8 +276,9 @@ def _add_sweep(bench) -> None:
     p.add_argument("--workloads", default="prose,json,rag")
     p.add_argument("--policies", default="off,static:2,static:4,batch-threshold:8,adaptive")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64")
-    p.add_argument("--num-prompts-factor", type=int, default=1,
-                   help="prompts per run: max(factor x concurrency, --min-prompts)")
+    p.add_argument("--num-prompts-factor", type=int, default=3,
+                   help="prompts per run: max(factor x concurrency, --min-prompts); 3 waves by "
+                        "default, so that a run is mostly steady state")
     p.add_argument("--min-prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=32, help="cap each item's max_tokens")
     p.add_argument("--repeats", type=int, default=3,

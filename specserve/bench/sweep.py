@@ -6,9 +6,13 @@ the policies being compared. Each point (workload x concurrency) runs every poli
 times, interleaved with the order rotated per round, so slow spells of the machine spread over
 all policies; a cell reports the run with the median throughput and the spread of all rounds.
 
-Runs are closed loops (lab.run_workload) with prefix caching on, emptied before every run and
-then warmed with the workload's shared prefix (rag's document, hot as on a real RAG server, in
-a draft model's pool too): the sweep's time goes to decoding, which is what the policies change.
+Runs are closed loops (lab.run_workload) of three waves: prompts = 3 x concurrency, at least 8.
+A run of one wave measured the makespan of one batch, whose requests start together and end
+together unless every one of them drafts well, and whose tail runs a shrinking batch; a server
+at concurrency C runs C requests at every step and replaces a finished one at once. Prefix
+caching is on, emptied before every run and then warmed with the workload's shared prefix
+(rag's document, hot as on a real RAG server, in a draft model's pool too): the sweep's time
+goes to decoding, which is what the policies change.
 
 `static:K` is the static policy with K_max = K; the others use --k-max.
 """
@@ -46,7 +50,7 @@ class SweepSettings:
     proposers: tuple[str, ...] = ("ngram", "draft")
     policies: tuple[str, ...] = DEFAULT_POLICIES
     points: Preset = Preset("sweep", ("prose", "json", "rag"), (1, 2, 4, 8, 16, 32, 64),
-                            prompts_factor=1, max_tokens_cap=32, repeats=3)
+                            prompts_factor=3, max_tokens_cap=32, repeats=3)
     k_max: int = 4
     draft_model: str | None = None
     enable_prefix_caching: bool = True
