@@ -382,7 +382,8 @@ def test_a_long_catch_up_is_spread_over_the_verifications_it_enables():
 
 def fake_request(request_id: str) -> SimpleNamespace:
     return SimpleNamespace(request_id=request_id, params=SimpleNamespace(
-        num_speculative_tokens=None), num_tokens=100, max_tokens=256, num_output_tokens=0)
+        num_speculative_tokens=None), num_tokens=100, max_tokens=256, num_output_tokens=0,
+        spec_evidence=0)
 
 
 def dear_head_cost() -> tuple[StepCostModel, StepCostModel]:
@@ -532,6 +533,43 @@ def test_acceptance_tracker_keeps_a_rate_per_position():
     np.testing.assert_allclose(acc.estimate("s")[2:], acc.global_rates[2:])
     np.testing.assert_allclose(acc.estimates(["r", "new", "s"]),
                                np.stack([acc.estimate(r) for r in ("r", "new", "s")]))
+
+
+def test_first_guesses_are_valued_by_the_evidence_they_rest_on():
+    """n-gram guesses from 4-token matches right 80% of the time, from 1-token ones 10%: the
+    factor of each level against all first guesses says so, and a level or a proposer that
+    gives no evidence keeps the request's own rate."""
+    acc = AcceptanceTracker(4)
+    rng = random.Random(0)
+    for i in range(400):
+        level = 4 if i % 2 else 1
+        acc.observe(f"r{i % 7}", 1, int(rng.random() < (0.8 if level == 4 else 0.1)), level)
+    rates = acc.evidence_rates()
+    assert 0.7 < rates[4] < 0.9 and 0.03 < rates[1] < 0.2
+    g = acc.global_rate
+    assert 0.35 < g < 0.55
+    assert acc.evidence_factor(4) * g == pytest.approx(rates[4], abs=0.05)
+    assert acc.evidence_factor(1) * g == pytest.approx(rates[1], abs=0.05)
+    assert acc.evidence_factor(0) == acc.evidence_factor(3) == 1.0
+    acc.observe("r0", 2, 0)  # no evidence given: no level's record moves
+    assert acc.evidence_rates() == rates
+
+
+def test_a_plan_drafts_the_guess_with_strong_evidence_and_not_the_weak_one():
+    """Two requests with the same record, one guess following a long match and one a short
+    match: where drafting pays only at the long match's rate, only that request drafts, and
+    without evidence neither does."""
+    policy = build_policy("adaptive", K_MAX, knee_cost(knee=1, flat=0.02, per_token=0.009))
+    acc = policy.acceptance
+    for i in range(300):
+        level = 4 if i % 2 else 1
+        acc.observe("old", 1, int(i % 20 < (16 if level == 4 else 1)), level)
+    reqs = [fake_request("a"), fake_request("b")]
+    assert policy.choose(reqs, 2, 2, [0, 0], evidence=[4, 1])[1] == 0
+    assert policy.choose(reqs, 2, 2, [0, 0], evidence=[4, 1])[0] > 0
+    assert policy.choose(reqs, 2, 2, [0, 0]) == [0, 0]
+    assert policy.choose(reqs[:1], 1, 1, [0], evidence=[4]) > [0]  # alone: the same rule
+    assert policy.choose(reqs[:1], 1, 1, [0], evidence=[1]) == [0]
 
 
 def scored_tracker(rates: list[float], trials: int, seed: int) -> AcceptanceTracker:
@@ -911,7 +949,8 @@ def ngram_engine_choosing(k: int) -> tuple[LLM, list[tuple[int, int]]]:
     policy.choose = lambda reqs, *args, **kwargs: [k] * len(reqs)
     seen: list[tuple[int, int]] = []
     observe = policy.acceptance.observe
-    policy.acceptance.observe = lambda rid, n, a: (seen.append((n, a)), observe(rid, n, a))
+    policy.acceptance.observe = lambda rid, n, a, e=0: (seen.append((n, a)),
+                                                        observe(rid, n, a, e))
     return spec, seen
 
 
@@ -926,6 +965,10 @@ def test_unused_ngram_guesses_still_teach_the_acceptance_estimate():
     assert seen and all(n == 1 for n, _ in seen)
     assert any(a for _, a in seen)  # the prompt repeats itself: some guesses were right
     assert len(out[0].outputs[0].token_ids) == 24
+    # each checked guess was filed under the length of the match it followed
+    by_level = spec.engine.spec_policy.acceptance.by_evidence
+    assert by_level and set(by_level) <= set(range(1, spec.engine.proposer.n_max + 1))
+    assert spec.get_stats()["spec_evidence_acceptance"].keys() == by_level.keys()
 
 
 def test_the_guess_after_the_chosen_k_is_learned_from_the_bonus_token():
@@ -956,7 +999,8 @@ def test_a_request_joining_a_small_batch_is_planned_at_once():
         "method": "draft", "draft_layers": 1, "num_speculative_tokens": 2})
     policy = spec.engine.spec_policy
 
-    def one_draft_where_allowed(reqs, num_running, num_base, catch_up, num_prefill=0, caps=None):
+    def one_draft_where_allowed(reqs, num_running, num_base, catch_up, num_prefill=0, caps=None,
+                                evidence=None):
         return [min(1, c) for c in caps]
 
     policy.choose = one_draft_where_allowed
@@ -976,7 +1020,7 @@ def test_a_request_running_alone_is_planned_at_every_step():
         "method": "draft", "draft_layers": 1, "num_speculative_tokens": 2})
     plans = []
 
-    def never(reqs, num_running, num_base, catch_up, num_prefill=0, caps=None):
+    def never(reqs, num_running, num_base, catch_up, num_prefill=0, caps=None, evidence=None):
         plans.append(len(reqs))
         return [0] * len(reqs)
 

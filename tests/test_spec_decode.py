@@ -370,9 +370,10 @@ def test_random_speculative_sampling_matches_the_target(tmp_path):
     assert stat > _chi2_critical(df)
 
 
-def _ngram_scan(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]:
+def _ngram_scan(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> tuple[list[int], int]:
     """The reference: a scan of the whole history for the latest earlier occurrence of the
-    longest matching suffix n-gram (n_max >= n >= n_min). tokens: [num_tokens] int."""
+    longest matching suffix n-gram (n_max >= n >= n_min), and that n. tokens: [num_tokens]
+    int."""
     total = len(tokens)
     for n in range(min(n_max, total - 1), n_min - 1, -1):
         suffix = tokens[total - n:]
@@ -381,13 +382,14 @@ def _ngram_scan(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> list[int]
         hits = np.flatnonzero((windows == suffix).all(axis=1))
         if len(hits):
             start = int(hits[-1]) + n
-            return tokens[start:start + k].tolist()
-    return []
+            return tokens[start:start + k].tolist(), n
+    return [], 0
 
 
 def test_ngram_index_matches_the_full_scan_as_tokens_grow():
     """The proposer's incremental n-gram index answers exactly what a scan of the whole history
-    does, at every length, for every n range and K."""
+    does (the guesses and the match length they rest on), at every length, for every n range
+    and K."""
     from specserve.spec_decode.ngram import NgramIndex
 
     rng = np.random.default_rng(0)

@@ -52,6 +52,7 @@ class Request:
         self.spec_token_ids: list[int] = []  # draft tokens scheduled for verification
         self.spec_probs: torch.Tensor | None = None  # [len(spec_token_ids), vocab] or None
         self.spec_from_grammar = False  # spec_token_ids are the grammar's forced tokens
+        self.spec_evidence = 0  # what the proposer's first guess rested on (Proposal.evidence)
         self.jump_forward_tail: tuple[int, int] | None = None  # (token, position): see grammar
         self.num_draft_tokens = 0  # proposed and verified, over the request's life
         self.num_accepted_tokens = 0

@@ -79,6 +79,7 @@ class SpeculationPlanner:
             if req.spec_token_ids:
                 continue  # not scheduled this step (token budget): its guesses still wait
             reqs.append(req)
+            req.spec_evidence = 0  # set again where this step's guesses are looked up
             caps.append(draft_room(req, self.max_model_len))
             forced.append("off" if req.drafts_nothing else req.params.speculation_policy)
         if not reqs:
@@ -104,8 +105,10 @@ class SpeculationPlanner:
         if any(ks[i] for i in rest):
             proposal = self.proposer.propose([reqs[i] for i in rest], [ks[i] for i in rest])
             probs = proposal.probs
-            for i, tokens in zip(rest, proposal.token_ids, strict=True):
+            for j, (i, tokens) in enumerate(zip(rest, proposal.token_ids, strict=True)):
                 token_ids[i] = tokens
+                if proposal.evidence is not None:
+                    reqs[i].spec_evidence = proposal.evidence[j]
         self.last_draft_time = time.perf_counter() - t0
         self.stats.draft_time += self.last_draft_time
         row = 0
@@ -126,10 +129,11 @@ class SpeculationPlanner:
         num_prefill = self.scheduler.pending_prefill_tokens(num_base)
         free_reqs = [reqs[i] for i in free]
 
-        def plan(limits: list[int]) -> list[int]:
+        def plan(limits: list[int], looked_up: bool = False) -> list[int]:
             catch_up = [self.proposer.catch_up_tokens(r) for r in free_reqs]
+            evidence = [r.spec_evidence for r in free_reqs] if looked_up else None
             return policy.choose(free_reqs, len(self.scheduler.running), num_base + num_prefill,
-                                 catch_up, num_prefill, limits)
+                                 catch_up, num_prefill, limits, evidence)
 
         limits = [caps[i] for i in free]
         looked: dict[int, list[int]] = {}
@@ -142,7 +146,7 @@ class SpeculationPlanner:
             # REPLAN_STEPS steps and trailed static K = 4 by 6%.
             found = self._look_up(policy, free_reqs, limits)
             looked = dict(zip(free, found, strict=True))
-            chosen = plan([len(t) for t in found]) if any(found) else [0] * len(free)
+            chosen = plan([len(t) for t in found], True) if any(found) else [0] * len(free)
             self._idle_plan = None
             self._set_shadow(free_reqs, chosen, found)
         else:
@@ -203,7 +207,7 @@ class SpeculationPlanner:
         if any(chosen):
             found = self._look_up(policy, free_reqs, limits)
             looked.update(zip(free, found, strict=True))
-            chosen = plan([len(t) for t in found])
+            chosen = plan([len(t) for t in found], True)
             self._set_shadow(free_reqs, chosen, found)
         elif self._idle_steps == 0:
             # A fresh all-zero plan: check the first guesses of a rotating window of requests,
@@ -219,10 +223,16 @@ class SpeculationPlanner:
 
     def _look_up(self, policy: SpecPolicy, reqs: list[Request], limits: list[int]
                   ) -> list[list[int]]:
-        """The proposer's guesses for reqs, at most limits[i] (and the request's K_max) each."""
+        """The proposer's guesses for reqs, at most limits[i] (and the request's K_max) each;
+        what each rests on goes to the request (spec_evidence), for the plan and for the
+        verification or shadow check that follows."""
         k_max = policy.request_k_max
-        return self.proposer.propose(reqs, [min(c, k_max(r)) for c, r in
-                                            zip(limits, reqs, strict=True)]).token_ids
+        proposal = self.proposer.propose(reqs, [min(c, k_max(r)) for c, r in
+                                                zip(limits, reqs, strict=True)])
+        if proposal.evidence is not None:
+            for r, e in zip(reqs, proposal.evidence, strict=True):
+                r.spec_evidence = e
+        return proposal.token_ids
 
     def _set_shadow(self, reqs: list[Request], chosen: list[int], found: list[list[int]]
                     ) -> None:

@@ -27,6 +27,16 @@ K = 1) the EAGLE head's per-request rates on prose and rag spread no more than c
 fixed weight of 3 let a request's first few misses outweigh everything the server had seen: at
 0.3 acceptance three misses in a row (one request in three) read 0.15, and the request stopped
 drafting for good. n-gram's record also says whether the request is copying right now.
+
+What a guess rests on says more still. The n-gram proposer's first guess follows the longest
+earlier match of the context's last 1..4 tokens, and on the embedded model's own greedy replies
+a guess from a 4-token match was accepted 61-81% of the time, one from a 1-token match 15-18% on
+prose and rag (session 42's ngram_by_match.txt). A request's rates mix both, so they undervalued
+the guesses that copy and overvalued the rest. The proposer reports that `evidence` with each
+first guess (the match length; 0 when it has none to give), the tracker keeps a global
+first-guess rate per evidence level, and a plan scales a request's first-position rate by its
+level's rate over the rate of all first guesses (evidence_factor). The deeper positions keep
+their own conditional rates: a guess that starts right continues a longer match.
 """
 
 from __future__ import annotations
@@ -46,6 +56,9 @@ MIN_SCORED_TRIALS = 30  # a decayed count, reached after ~33 scored guesses
 # sample_prior forgets this share of the global evidence per draw...
 FORGET = 0.995
 FORGET_FLOOR = 10.0  # ...down to this many trials
+# An evidence level's first-guess rate starts from the rate of all first guesses, with this
+# weight in trials
+EVIDENCE_PRIOR_TRIALS = 10.0
 
 
 class AcceptanceTracker:
@@ -73,6 +86,8 @@ class AcceptanceTracker:
         self.per_request: dict[str, list[float]] = {}
         self._none = [0.0] * (2 * p)
         self._rng = random.Random(0)  # sample_prior's draws
+        # evidence level -> [first-guess successes, trials], decayed as the global rates
+        self.by_evidence: dict[int, list[float]] = {}
 
     @property
     def global_rates(self) -> np.ndarray:
@@ -84,11 +99,17 @@ class AcceptanceTracker:
         """The first position's rate: how often a draft starts right."""
         return self.global_succ[0] / self.global_trials[0]
 
-    def observe(self, request_id: str, num_draft: int, num_accepted: int) -> None:
+    def observe(self, request_id: str, num_draft: int, num_accepted: int,
+                evidence: int = 0) -> None:
+        """evidence: what the first guess rested on (the proposer's level; 0: none given)."""
         p = self.num_positions
         seen = min(num_accepted + (1 if num_accepted < num_draft else 0), p)
         if seen == 0:
             return
+        if evidence:
+            e = self.by_evidence.setdefault(evidence, [0.0, 0.0])
+            e[0] = self.global_decay * e[0] + (1.0 if num_accepted else 0.0)
+            e[1] = self.global_decay * e[1] + 1.0
         s = self.per_request.get(request_id)
         if s is None:
             s = self.per_request[request_id] = [0.0] * (2 * p)
@@ -114,6 +135,19 @@ class AcceptanceTracker:
         self._scored = SCORE_DECAY * self._scored + 1.0
         if self._scored >= MIN_SCORED_TRIALS:
             self.prior_weight = PRIOR_WEIGHTS[min(range(len(scores)), key=scores.__getitem__)]
+
+    def evidence_factor(self, evidence: int) -> float:
+        """How much likelier a first guess resting on this evidence level is accepted than a
+        first guess at large (1.0 for none, or before the level has a record)."""
+        e = self.by_evidence.get(evidence) if evidence else None
+        g = self.global_rate
+        if e is None or g <= 0.0:
+            return 1.0
+        return (e[0] + EVIDENCE_PRIOR_TRIALS * g) / (e[1] + EVIDENCE_PRIOR_TRIALS) / g
+
+    def evidence_rates(self) -> dict[int, float]:
+        """The first-guess rate per evidence level (stats)."""
+        return {level: e[0] / e[1] for level, e in sorted(self.by_evidence.items()) if e[1]}
 
     def sample_prior(self) -> list[float]:
         """Global rates drawn from their posteriors (Thompson sampling): what a draft network's

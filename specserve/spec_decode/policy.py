@@ -31,6 +31,7 @@ POLICY_NAMES = ("off", "static", "batch-threshold:N", "schedule:B=K,...", "adapt
 # The most tokens a request's catch-up is spread over (cost_model.py): past its max_tokens it may
 # still stop at any EOS, and a long horizon would make any catch-up look free.
 CATCH_UP_HORIZON = 256
+MAX_RATE = 0.99  # a first-guess rate scaled by its evidence stays a probability short of 1
 
 
 def parse_schedule(text: str) -> list[tuple[int, int]]:
@@ -61,18 +62,20 @@ class SpecPolicy:
 
     def choose(self, reqs: list[Request], num_running: int, num_base_tokens: int,
                catch_up: list[int], num_prefill_tokens: int = 0,
-               caps: list[int] | None = None) -> list[int]:
+               caps: list[int] | None = None, evidence: list[int] | None = None) -> list[int]:
         """K per request in reqs (the decoding ones); num_base_tokens: what the next step
         carries without drafts, num_prefill_tokens of it prefill chunks; catch_up: tokens the
         draft model must process before it can propose for each request; caps: the most drafts
-        each request can still use (max_tokens, context) — the engine applies them after."""
+        each request can still use (max_tokens, context) — the engine applies them after;
+        evidence: what each request's guesses rest on, where they were looked up first
+        (acceptance.py)."""
         return [self.request_k_max(r) for r in reqs]
 
     def record_choice(self, ks: list[int]) -> None:
         self.k_histogram.update(ks)
 
     def observe_verification(self, req: Request, num_draft: int, num_accepted: int) -> None:
-        self.acceptance.observe(req.request_id, num_draft, num_accepted)
+        self.acceptance.observe(req.request_id, num_draft, num_accepted, req.spec_evidence)
 
     def observe_step(self, num_tokens: int, forward_s: float,
                      draft_forwards: list[tuple[int, int, list[tuple[int, int]]]], draft_s: float,
@@ -103,6 +106,9 @@ class SpecPolicy:
             "spec_prior_weight": self.acceptance.prior_weight,
             "spec_position_acceptance": [round(float(a), 3)
                                          for a in self.acceptance.global_rates],
+            # first guesses by what they rested on (n-gram: the match length)
+            "spec_evidence_acceptance": {level: round(rate, 3) for level, rate in
+                                         self.acceptance.evidence_rates().items()},
             "spec_request_acceptance": {r.request_id: round(float(self.acceptance.estimate(
                 r.request_id)[0]), 3) for r in running[:64]},
             "spec_step_time_rel_error": self.abs_error_s / self.sum_actual_s
@@ -114,7 +120,7 @@ class OffPolicy(SpecPolicy):
     name = "off"
 
     def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
-               caps=None):
+               caps=None, evidence=None):
         return [0] * len(reqs)
 
 
@@ -125,7 +131,7 @@ class BatchThresholdPolicy(SpecPolicy):
         self.name = f"batch-threshold:{threshold}"
 
     def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
-               caps=None):
+               caps=None, evidence=None):
         if num_running > self.threshold:
             return [0] * len(reqs)
         return [self.request_k_max(r) for r in reqs]
@@ -138,7 +144,7 @@ class SchedulePolicy(SpecPolicy):
         self.name = "schedule:" + ",".join(f"{b}={k}" for b, k in rows)
 
     def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
-               caps=None):
+               caps=None, evidence=None):
         k = next((k for b, k in self.rows if num_running <= b), 0)
         return [min(k, self.request_k_max(r)) for r in reqs]
 
@@ -154,7 +160,7 @@ class AdaptivePolicy(SpecPolicy):
         self.prev_total: int | None = None
 
     def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
-               caps=None):
+               caps=None, evidence=None):
         ids = [r.request_id for r in reqs]
         # A free proposer's rates move every step (shadow checks); a draft network's only where
         # it drafts, so it explores: its plan starts from rates drawn from their posteriors.
@@ -163,8 +169,11 @@ class AdaptivePolicy(SpecPolicy):
             req = reqs[0]
             k_max = self.request_k_max(req) if caps is None else \
                 min(self.request_k_max(req), caps[0])
+            row = self.acceptance.estimate_row(req.request_id, drawn)
+            if evidence is not None:
+                row[0] = min(row[0] * self.acceptance.evidence_factor(evidence[0]), MAX_RATE)
             k, _, _ = choose_for_one_request(
-                self.acceptance.estimate_row(req.request_id, drawn), k_max, num_base_tokens,
+                row, k_max, num_base_tokens,
                 self.target_cost, self.draft_cost, float(catch_up[0]), self._horizon(req),
                 self.prev_total, context=req.num_tokens, num_prefill_tokens=num_prefill_tokens)
             self.prev_total = k
@@ -172,6 +181,9 @@ class AdaptivePolicy(SpecPolicy):
         # Several: lower estimates, so that drafts go to the requests that are likely good
         # rather than those that were lucky (acceptance.py).
         alphas = self.acceptance.lower_estimates(ids, prior_rates=drawn)
+        if evidence is not None:
+            factor = self.acceptance.evidence_factor
+            alphas[:, 0] = np.minimum(alphas[:, 0] * [factor(e) for e in evidence], MAX_RATE)
         k_max = np.array([self.request_k_max(r) for r in reqs])
         if caps is not None:  # drafts past the cap would be cut: do not plan (or pay) for them
             k_max = np.minimum(k_max, caps)

@@ -15,6 +15,9 @@ class Proposal:
     token_ids: list[list[int]]  # per request, at most the K asked for (may be shorter or empty)
     # [sum of len(token_ids[i]), vocab] draft probabilities, or None for a point-mass proposer
     probs: torch.Tensor | None = None
+    # per request, what its first guess rests on, in the proposer's own levels (n-gram: the
+    # length of the matched suffix); None: the proposer gives no such evidence
+    evidence: list[int] | None = None
 
 
 class Proposer(ABC):
