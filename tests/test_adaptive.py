@@ -548,11 +548,21 @@ def test_first_guesses_are_valued_by_the_evidence_they_rest_on():
     assert 0.7 < rates[4] < 0.9 and 0.03 < rates[1] < 0.2
     g = acc.global_rate
     assert 0.35 < g < 0.55
-    assert acc.evidence_factor(4) * g == pytest.approx(rates[4], abs=0.05)
-    assert acc.evidence_factor(1) * g == pytest.approx(rates[1], abs=0.05)
-    assert acc.evidence_factor(0) == acc.evidence_factor(3) == 1.0
+    # a request with no record: its estimate is the global rate, scaled to its level's (shrunk
+    # a little toward the pooled rate, as a level's record is a few dozen trials)
+    assert rates[4] - 0.1 < acc.evidence_factor("new", 4) * g < rates[4]
+    assert rates[1] < acc.evidence_factor("new", 1) * g < rates[1] + 0.1
+    assert acc.evidence_factor("new", 0) == acc.evidence_factor("new", 3) == 1.0
     acc.observe("r0", 2, 0)  # no evidence given: no level's record moves
     assert acc.evidence_rates() == rates
+    # A request whose record is all 4-token matches, right 80% of the time: its estimate
+    # already says so, and the factor for its next 4-token match is ~1, not 0.8 / g again.
+    for i in range(40):
+        acc.observe("copier", 1, int(i % 5 != 0), 4)
+    est = acc.estimate("copier")[0]
+    assert est > 0.6
+    assert est * acc.evidence_factor("copier", 4) == pytest.approx(rates[4], abs=0.08)
+    assert est * acc.evidence_factor("copier", 1) < 0.3
 
 
 def test_a_plan_drafts_the_guess_with_strong_evidence_and_not_the_weak_one():
@@ -570,6 +580,9 @@ def test_a_plan_drafts_the_guess_with_strong_evidence_and_not_the_weak_one():
     assert policy.choose(reqs, 2, 2, [0, 0]) == [0, 0]
     assert policy.choose(reqs[:1], 1, 1, [0], evidence=[4]) > [0]  # alone: the same rule
     assert policy.choose(reqs[:1], 1, 1, [0], evidence=[1]) == [0]
+    for i in range(40):  # "b" starts copying: its own record carries it at a long match
+        acc.observe("b", 1, int(i % 5 != 0), 4)
+    assert policy.choose(reqs, 2, 2, [0, 0], evidence=[1, 4])[1] > 0
 
 
 def scored_tracker(rates: list[float], trials: int, seed: int) -> AcceptanceTracker:
@@ -966,9 +979,15 @@ def test_unused_ngram_guesses_still_teach_the_acceptance_estimate():
     assert any(a for _, a in seen)  # the prompt repeats itself: some guesses were right
     assert len(out[0].outputs[0].token_ids) == 24
     # each checked guess was filed under the length of the match it followed
-    by_level = spec.engine.spec_policy.acceptance.by_evidence
+    acc = spec.engine.spec_policy.acceptance
+    by_level = acc.by_evidence
     assert by_level and set(by_level) <= set(range(1, spec.engine.proposer.n_max + 1))
     assert spec.get_stats()["spec_evidence_acceptance"].keys() == by_level.keys()
+    # every checked guess carried its level: the levels' decayed trials are the first
+    # position's, less the initial prior's pseudo-trials
+    g = acc.global_decay
+    assert sum(t for _, t in by_level.values()) == pytest.approx(
+        acc.global_trials[0] - PRIOR_TRIALS * g ** len(seen))
 
 
 def test_the_guess_after_the_chosen_k_is_learned_from_the_bonus_token():

@@ -107,7 +107,7 @@ class SpeculationPlanner:
             probs = proposal.probs
             for j, (i, tokens) in enumerate(zip(rest, proposal.token_ids, strict=True)):
                 token_ids[i] = tokens
-                if proposal.evidence is not None:
+                if proposal.evidence is not None and ks[i]:  # not over a shadow look-up's
                     reqs[i].spec_evidence = proposal.evidence[j]
         self.last_draft_time = time.perf_counter() - t0
         self.stats.draft_time += self.last_draft_time

@@ -35,8 +35,12 @@ prose and rag (session 42's ngram_by_match.txt). A request's rates mix both, so 
 the guesses that copy and overvalued the rest. The proposer reports that `evidence` with each
 first guess (the match length; 0 when it has none to give), the tracker keeps a global
 first-guess rate per evidence level, and a plan scales a request's first-position rate by its
-level's rate over the rate of all first guesses (evidence_factor). The deeper positions keep
-their own conditional rates: a guess that starts right continues a longer match.
+level's rate over the rate of all first guesses (evidence_factor). A request's own record
+already holds the levels its guesses followed (a request that copies has a high rate because
+its matches are long), so the factor is taken over the mean factor of the guesses behind that
+record: observed over expected, or a request that copies read 0.53 x 2.0 at a 4-token match.
+The deeper positions keep their own conditional rates: a guess that starts right continues a
+longer match.
 """
 
 from __future__ import annotations
@@ -82,11 +86,13 @@ class AcceptanceTracker:
         self.prior = prior
         self.global_succ = [prior * PRIOR_TRIALS] * p  # a weak initial prior
         self.global_trials = [PRIOR_TRIALS] * p
-        # request_id -> successes per position, then trials per position (2P numbers)
+        # request_id -> successes per position, trials per position, and the summed evidence
+        # factors of its first-position trials (2P + 1 numbers, decayed alike)
         self.per_request: dict[str, list[float]] = {}
-        self._none = [0.0] * (2 * p)
+        self._none = [0.0] * (2 * p + 1)
         self._rng = random.Random(0)  # sample_prior's draws
-        # evidence level -> [first-guess successes, trials], decayed as the global rates
+        # evidence level -> [first-guess successes, trials]; all levels decay at every first
+        # guess with evidence, so that they and their pooled rate share one clock
         self.by_evidence: dict[int, list[float]] = {}
 
     @property
@@ -106,16 +112,20 @@ class AcceptanceTracker:
         seen = min(num_accepted + (1 if num_accepted < num_draft else 0), p)
         if seen == 0:
             return
-        if evidence:
-            e = self.by_evidence.setdefault(evidence, [0.0, 0.0])
-            e[0] = self.global_decay * e[0] + (1.0 if num_accepted else 0.0)
-            e[1] = self.global_decay * e[1] + 1.0
         s = self.per_request.get(request_id)
         if s is None:
-            s = self.per_request[request_id] = [0.0] * (2 * p)
+            s = self.per_request[request_id] = [0.0] * (2 * p + 1)
         if self.fit_prior_weight:
             self._score(s[0], s[p], num_accepted > 0)
         d, g = self.decay, self.global_decay
+        s[2 * p] = d * s[2 * p] + self._level_factor(evidence)  # before this guess's outcome
+        if evidence:
+            for e in self.by_evidence.values():
+                e[0] *= g
+                e[1] *= g
+            e = self.by_evidence.setdefault(evidence, [0.0, 0.0])
+            e[0] += 1.0 if num_accepted else 0.0
+            e[1] += 1.0
         gs, gt = self.global_succ, self.global_trials
         for j in range(seen):
             hit = 1.0 if j < num_accepted else 0.0
@@ -136,14 +146,28 @@ class AcceptanceTracker:
         if self._scored >= MIN_SCORED_TRIALS:
             self.prior_weight = PRIOR_WEIGHTS[min(range(len(scores)), key=scores.__getitem__)]
 
-    def evidence_factor(self, evidence: int) -> float:
+    def _level_factor(self, evidence: int) -> float:
         """How much likelier a first guess resting on this evidence level is accepted than a
-        first guess at large (1.0 for none, or before the level has a record)."""
+        first guess with evidence at large (1.0 for none, or before there is a record)."""
         e = self.by_evidence.get(evidence) if evidence else None
-        g = self.global_rate
-        if e is None or g <= 0.0:
+        if e is None:
             return 1.0
-        return (e[0] + EVIDENCE_PRIOR_TRIALS * g) / (e[1] + EVIDENCE_PRIOR_TRIALS) / g
+        succ = sum(x[0] for x in self.by_evidence.values())
+        trials = sum(x[1] for x in self.by_evidence.values())
+        if succ <= 0.0:
+            return 1.0
+        pooled = succ / trials
+        return (e[0] + EVIDENCE_PRIOR_TRIALS * pooled) / (e[1] + EVIDENCE_PRIOR_TRIALS) / pooled
+
+    def evidence_factor(self, request_id: str, evidence: int) -> float:
+        """What a first-position estimate of request_id is multiplied by for a guess resting on
+        this evidence: the level's factor over the mean factor of the first guesses its record
+        holds (the prior's pseudo-trials count as factor 1, the mix at large)."""
+        if not evidence:
+            return 1.0
+        c = self.per_request.get(request_id, self._none)
+        p, w = self.num_positions, self.prior_weight
+        return self._level_factor(evidence) * (c[p] + w) / (c[2 * p] + w)
 
     def evidence_rates(self) -> dict[int, float]:
         """The first-guess rate per evidence level (stats)."""

@@ -171,7 +171,8 @@ class AdaptivePolicy(SpecPolicy):
                 min(self.request_k_max(req), caps[0])
             row = self.acceptance.estimate_row(req.request_id, drawn)
             if evidence is not None:
-                row[0] = min(row[0] * self.acceptance.evidence_factor(evidence[0]), MAX_RATE)
+                row[0] = min(row[0] * self.acceptance.evidence_factor(req.request_id,
+                                                                      evidence[0]), MAX_RATE)
             k, _, _ = choose_for_one_request(
                 row, k_max, num_base_tokens,
                 self.target_cost, self.draft_cost, float(catch_up[0]), self._horizon(req),
@@ -183,7 +184,9 @@ class AdaptivePolicy(SpecPolicy):
         alphas = self.acceptance.lower_estimates(ids, prior_rates=drawn)
         if evidence is not None:
             factor = self.acceptance.evidence_factor
-            alphas[:, 0] = np.minimum(alphas[:, 0] * [factor(e) for e in evidence], MAX_RATE)
+            alphas[:, 0] = np.minimum(
+                alphas[:, 0] * [factor(i, e) for i, e in zip(ids, evidence, strict=True)],
+                MAX_RATE)
         k_max = np.array([self.request_k_max(r) for r in reqs])
         if caps is not None:  # drafts past the cap would be cut: do not plan (or pay) for them
             k_max = np.minimum(k_max, caps)
