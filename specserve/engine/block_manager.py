@@ -189,7 +189,7 @@ class BlockManager:
                 self.free_queue[block_id] = None
                 self.free_queue.move_to_end(block_id, last=False)
         del req.block_hashes[num_tokens // self.block_size:]
-        req.num_hashed_blocks = min(req.num_hashed_blocks, len(req.block_ids))
+        req.num_hashed_blocks = min(req.num_hashed_blocks, num_tokens // self.block_size)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block that no request holds (benchmarks measure cold prefills)."""
