@@ -205,6 +205,37 @@ def test_profile_point_runs_and_the_warm_up(device, monkeypatch):
     assert fastest([budget / 2, budget / 2])[1] == (2 if cpu else 3)
 
 
+def test_small_profile_points_are_timed_in_passes_that_share_the_machine_s_speed(monkeypatch):
+    """The small points on a fake clock whose speed changes from pass to pass (x1.0 to x1.3)
+    and with one interrupted forward: each point comes out as the fastest first point times its
+    true ratio to it. Timed point by point, a point whose runs all fell in a slow stretch read
+    30% dear, a draft token's price several times over."""
+    from specserve.spec_decode import profiler
+
+    clock = [0.0]
+    monkeypatch.setattr(profiler.time, "perf_counter", lambda: clock[0])
+    true = {1: 0.010, 2: 0.0104, 3: 0.0108, 4: 0.0106}
+
+    class Runner:
+        calls = 0
+
+        def prepare(self, shape):
+            return len(shape)
+
+        def execute(self, n, logits_rows):
+            p = self.calls // len(true)  # the pass (the warm-ups are pass 0)
+            speed = (1.0, 1.3, 1.1, 1.25, 1.05)[p % 5]
+            spike = 3.0 if (p, n) == (2, 3) else 1.0
+            clock[0] += true[n] * speed * spike
+            self.calls += 1
+
+    runner = Runner()
+    times = profiler._small_points(runner, [[(None, 1)] * n for n in true], passes=8)
+    assert runner.calls == len(true) * (1 + 8)
+    for (n, want), got in zip(true.items(), times, strict=True):
+        assert got == pytest.approx(want, rel=1e-9), n
+
+
 def test_a_step_in_the_cost_keeps_drafts_from_crossing_it():
     """Just under a step, drafts that would cross it cost the whole step: a batch of 32 buys
     none, a batch of 24 at most the 8 that fit below it. The same profile without the step

@@ -16,6 +16,7 @@ coefficients.
 
 from __future__ import annotations
 
+import statistics
 import time
 from types import SimpleNamespace
 
@@ -34,6 +35,11 @@ ROW_STEPS = (16, 32, 64, 128)
 # noise out by itself, and on a slow CPU (an fp32 256-token forward takes ~0.7 s on a 2-core
 # Zen 3) three of each large point made the profile take 16 s.
 POINT_BUDGET_S = 0.25
+# Points up to here are timed in passes over all of them (_small_points), at most this many
+# passes and, past the third, within this budget: a pass is ~80 ms on a 2-core Zen 5 in bf16.
+SMALL_POINTS_MAX = 16
+SMALL_POINT_PASSES = 15
+SMALL_POINTS_BUDGET_S = 1.5
 CONTEXT_SEQS, CONTEXT_QUERY = 8, 4  # the context shapes: S sequences, 1 or Q tokens each
 # Tokens without logits (prefill chunks; a draft's catch-up on a prompt, or on a stretch
 # without speculation): n tokens as sequences of at most CHUNK_SEQ_LEN, so that the curve is
@@ -84,6 +90,38 @@ def _fastest(runner: ModelRunner, shape: list[tuple[SimpleNamespace, int]],
     return min(runs)
 
 
+def _small_points(runner: ModelRunner, shapes: list[list[tuple[SimpleNamespace, int]]],
+                  passes: int = SMALL_POINT_PASSES, budget_s: float = SMALL_POINTS_BUDGET_S
+                  ) -> list[float]:
+    """Times of the small shapes (the smallest first), from passes over all of them
+    in turn: the first shape's fastest time, times each shape's median ratio to the first one
+    within a pass.
+
+    A decode batch's drafts are priced by T(n + K) - T(n) at small n, a few percent of a step,
+    and VM noise moves single forwards by 10%. Timed point by point, the fastest of a few runs
+    each, two start-up profiles of a 2-core Zen 5 read T(2) / T(1) as 1.00 and 1.20-1.38 where
+    forwards taken in turn read 1.03-1.11 (docs/results/2026-12-06-session43/profile_small.txt),
+    and the fitted curve priced the first three drafts at concurrency 1 as free: the controller
+    drafted three guesses a step at 7% acceptance. Ratios within one pass share that pass's
+    speed; the median drops the passes an interruption hit. The level stays the fastest run's,
+    as for the larger points. Live decoding alternates these shapes in the same way."""
+    inputs = [runner.prepare(shape) for shape in shapes]
+    rows = [torch.arange(sum(q for _, q in shape)) for shape in shapes]
+    for inp, r in zip(inputs, rows, strict=True):  # a warm-up of each shape
+        runner.execute(inp, r)
+    runs: list[list[float]] = []
+    start = time.perf_counter()
+    while len(runs) < passes and (len(runs) < 3 or time.perf_counter() - start < budget_s):
+        one_pass = []
+        for inp, r in zip(inputs, rows, strict=True):
+            t0 = time.perf_counter()
+            runner.execute(inp, r)
+            one_pass.append(time.perf_counter() - t0)
+        runs.append(one_pass)
+    first = min(p[0] for p in runs)
+    return [first * statistics.median(p[i] / p[0] for p in runs) for i in range(len(shapes))]
+
+
 def _context_limit(runner: ModelRunner) -> int:
     """The pool must hold one sequence's blocks and the model its positions."""
     return min(runner.num_blocks * runner.block_size, runner.cfg.max_position)
@@ -93,7 +131,8 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
                     context: int = 96, long_context: int = 1024, repeats: int = 3,
                     chunk_points: tuple[int, ...] = CHUNK_POINTS) -> StepCostModel:
     """Time decode-shaped forwards of n sequences x 1 token (n in points) at a fixed context,
-    with logits for every token (as a verification step needs); the fastest run per point
+    with logits for every token (as a verification step needs): points up to SMALL_POINTS_MAX
+    in passes over all of them (_small_points), the larger ones the fastest of a few runs each
     (_fastest). Then the context shapes (module docstring), and the chunk curve: n tokens
     in sequences of CHUNK_SEQ_LEN, logits for the last token only (n in chunk_points). The same
     profile serves the target and a draft network (its chained forwards, and its catch-up on
@@ -113,9 +152,12 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
     # that idle low would otherwise inflate the first points and flatten the whole curve.
     runner.execute(runner.prepare([(seq(i, context), 1) for i in range(max(points))]),
                    torch.arange(max(points)))
-    # Ascending, each point's runs back to back: a forward right after a much bigger one runs
-    # ~20% slow.
-    times = [fastest([(seq(i, context), 1) for i in range(n)]) for n in points]
+    small = [n for n in points if n <= SMALL_POINTS_MAX]
+    times = _small_points(runner, [[(seq(i, context), 1) for i in range(n)] for n in small])
+    # The rest ascending, each point's runs back to back: a forward right after a much bigger
+    # one runs ~20% slow.
+    times += [fastest([(seq(i, context), 1) for i in range(n)]) for n in points
+              if n > SMALL_POINTS_MAX]
     kv_read_s = attention_s = 0.0
     extra = long_context - context
     if extra >= 4 * bs:
