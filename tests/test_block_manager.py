@@ -230,6 +230,64 @@ def test_a_request_freed_and_admitted_again_registers_its_new_blocks():
     assert probe(bm, toks(1, 2 * BS) + [0]) == a.block_ids
 
 
+def _decode(bm: BlockManager, req: Request, tokens: list[int]) -> None:
+    """req samples these tokens one step at a time, each step's KV registered as the engine
+    does."""
+    for t in tokens:
+        req.append_token(t)
+        assert bm.allocate(req, req.num_tokens - req.num_computed_tokens)
+        req.num_computed_tokens = req.num_tokens
+        bm.cache_blocks(req)
+
+
+def test_a_block_computed_twice_is_swapped_for_the_cached_copy():
+    """A prompt of whole blocks sent twice: its last block is always computed again (its last
+    token needs logits). The second request's copy is swapped for the cached one and freed, so
+    a follow-up turn on the second reply is served the whole reply, not just the prompt."""
+    bm = BlockManager(16, BS)
+    prompt = toks(1, 2 * BS)
+    a, b = make_req(prompt, "a"), make_req(prompt, "b")
+    prefill(bm, a)
+    _decode(bm, a, toks(2, BS))
+    free_before = bm.num_free_blocks
+    assert len(prefill(bm, b)) == 1  # the last prompt block is computed again...
+    assert b.block_ids == a.block_ids[:2]  # ...and swapped for a's copy
+    assert bm.num_free_blocks == free_before  # b holds a's blocks: nothing more taken
+    _decode(bm, b, toks(3, BS))
+    assert probe(bm, prompt + toks(3, BS) + [7]) == b.block_ids[:3]
+    check_invariants(bm, [a, b], registered=True)
+    assert free_order_ok(bm)
+
+
+def test_requests_admitted_together_share_their_common_blocks_after_the_step():
+    """Two requests with a common first block, admitted in one step, both compute it: the
+    second registered is swapped for the first's copy, and its own continuation is found."""
+    bm = BlockManager(16, BS)
+    a = make_req(toks(1, BS) + toks(2, BS), "a")
+    b = make_req(toks(1, BS) + toks(3, BS), "b")
+    for req in (a, b):  # both allocated before either is registered
+        assert bm.allocate(req, req.num_tokens)
+    for req in (a, b):
+        req.num_computed_tokens = req.num_tokens
+        bm.cache_blocks(req)
+    assert b.block_ids[0] == a.block_ids[0]
+    assert probe(bm, toks(1, BS) + toks(3, BS) + [7]) == b.block_ids
+    check_invariants(bm, [a, b], registered=True)
+
+
+def test_kv_computed_past_the_last_token_is_never_registered():
+    """A stop inside a run of accepted drafts: the KV of the drafts after it was computed, but
+    the tokens were dropped. Only blocks within the request's tokens are registered."""
+    bm = BlockManager(16, BS)
+    a = make_req(toks(1, BS + 1), "a")
+    assert bm.allocate(a, 2 * BS)
+    a.num_computed_tokens = 2 * BS  # computed through drafts that the stop cut off
+    bm.cache_blocks(a)
+    assert a.num_hashed_blocks == 1
+    assert bm.blocks[a.block_ids[1]].block_hash is None
+    assert len(bm.cached) == 1
+
+
 def test_prefix_caching_disabled():
     bm = BlockManager(16, BS, enable_prefix_caching=False)
     a = make_req(toks(1, 2 * BS + 1), "a")

@@ -80,6 +80,24 @@ def test_preemption_with_a_quarter_of_the_needed_pool(llm):
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
+def test_a_follow_up_on_the_second_reply_to_a_prompt_is_served_that_reply(llm):
+    """A prompt of whole blocks answered twice: the second request computes the prompt's last
+    block again, and its reply's blocks must still be found by a follow-up turn on it (they
+    chained to an unservable copy of that block: the turn recomputed the whole reply)."""
+    bm = llm.engine.block_manager
+    bs = bm.block_size
+    doc = _long_prefix(llm, 4 * bs)
+    bm.reset_prefix_cache()
+    replies = [llm.generate([doc], SamplingParams(temperature=1.0, seed=s, max_tokens=3 * bs,
+                                                  ignore_eos=True))[0].outputs[0].token_ids
+               for s in (1, 2)]
+    assert replies[0] != replies[1]
+    turn = doc + list(replies[1]) + _long_prefix(llm, 8)[-5:]
+    out = llm.generate([turn], SamplingParams(max_tokens=1))[0]
+    # the reply's last token was sampled, never fed back: its KV is not computed
+    assert out.metrics.num_cached_tokens == (len(doc) + len(replies[1]) - 1) // bs * bs
+
+
 def test_n_choices_per_prompt_as_vllm_returns_them(llm):
     """SamplingParams(n=3) gives each prompt one RequestOutput with three completions; choice j
     is the request seeded seed + j, and a long prompt is prefilled once for all three."""

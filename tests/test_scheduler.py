@@ -277,6 +277,23 @@ def test_the_tail_of_a_shared_prefix_still_in_flight_is_waited_for():
     assert _prefilled(outs, b) == len(b.prompt_token_ids) - len(shared)
 
 
+def test_a_prefix_already_cached_is_not_waited_for_while_another_request_computes_it():
+    """r was admitted before q registered the prefix they share and still prefills its own
+    copy; d, arriving now, is served q's blocks at once instead of waiting for r."""
+    sched, bm = make_sched(num_blocks=1024, budget=128, chunk=64)
+    shared = toks(9, 2 * MIN_SHARED_TOKENS_TO_WAIT)
+    q = make_req("q", shared + toks(1, 3))
+    add(sched, q)
+    while q.num_computed_tokens < len(shared):
+        step(sched)
+    r = make_req("r", shared + toks(2, 3))  # as if admitted before q's blocks were registered
+    assert bm.allocate(r, 64)
+    r.status = RequestStatus.RUNNING
+    sched.running.append(r)
+    d = make_req("d", shared + toks(3, 3))
+    assert not sched._waits_for_inflight(d, sched._inflight_prompt_blocks())
+
+
 # ---- preemption --------------------------------------------------------------------------------
 def test_preemption_evicts_the_last_admitted_and_puts_it_back_first():
     sched, _ = make_sched(num_blocks=5, budget=100, max_seqs=2)
@@ -357,6 +374,19 @@ def test_the_last_running_request_preempts_itself():
     assert a.num_output_tokens == 4 and b.num_output_tokens == 4
 
 
+def test_a_readmission_after_preemption_is_not_a_new_prefix_lookup():
+    """Its own just-freed blocks would count as hits: the hit rate would rise exactly when the
+    pool is short."""
+    sched, bm = make_sched(budget=100)
+    a = _decoding(sched, "a", 3 * BS)
+    queries, hits = bm.num_prefix_queries, bm.num_prefix_hits
+    sched.running.remove(a)
+    sched._preempt(a)
+    out = step(sched)
+    assert scheduled_ids(out) == [("a", 1)]  # its 3 blocks served from the cache
+    assert (bm.num_prefix_queries, bm.num_prefix_hits) == (queries, hits)
+
+
 @pytest.mark.parametrize("caching", [True, False])
 def test_random_workload_under_memory_pressure_finishes(caching):
     rng = random.Random(7)
@@ -423,12 +453,25 @@ def test_spec_tokens_of_an_unfinished_prefill_are_dropped():
 def test_preemption_drops_spec_tokens():
     sched, _ = make_sched(num_blocks=2, budget=100)
     a = _decoding(sched, "a", 3)  # 1 block
-    b = _decoding(sched, "b", 3)  # 1 block
+    b = _decoding(sched, "b", 3)  # 1 block; a decoded a token beside it: its next needs a 2nd
     b.spec_token_ids = [1, 2]
     a.spec_token_ids = [1]
-    out = sched.schedule()  # a needs a 2nd block: b is preempted
+    out = sched.schedule()  # b is preempted for a's decode token; a's draft fits beside it
     assert out.preempted == [b] and scheduled_ids(out) == [("a", 2)]
     assert b.spec_token_ids == [] and b.block_ids == []
+
+
+def test_drafts_are_dropped_before_anyone_is_preempted():
+    """Drafts that need a block the pool does not have are not verified this step; no request
+    loses its KV for them, not even the one that drafted (its decode token fits). It keeps
+    its drafts: the engine rolls the proposer back when none was verified."""
+    sched, bm = make_sched(num_blocks=2, budget=100)
+    a = _decoding(sched, "a", 2)  # 1 block; after b's step its decode token fits, a draft not
+    b = _decoding(sched, "b", 3)  # 1 block, the last one
+    a.spec_token_ids, b.spec_token_ids = [1], [1, 2]
+    out = sched.schedule()
+    assert out.preempted == [] and scheduled_ids(out) == [("a", 1), ("b", 1)]
+    assert a.spec_token_ids == [1] and bm.num_free_blocks == 0
 
 
 # ---- finish / abort ----------------------------------------------------------------------------

@@ -108,7 +108,9 @@ class BlockManager:
         return lo * self.block_size
 
     def record_prefix_lookup(self, num_queried: int, num_hit: int) -> None:
-        """Counted once per admitted request (a request retried at the queue head is not)."""
+        """Counted once per request, at its first admission (a request retried at the queue
+        head is not, nor one readmitted after a preemption: its own freed blocks would count as
+        hits)."""
         if not self.enable_prefix_caching:
             return
         self.num_prefix_queries += num_queried
@@ -146,24 +148,51 @@ class BlockManager:
     def cache_blocks(self, req: Request) -> None:
         """Register req's blocks that are full of computed tokens in the prefix cache. Called at
         every step for every running request, so it starts where the last call stopped
-        (req.num_hashed_blocks) instead of walking a long context's blocks again."""
+        (req.num_hashed_blocks) instead of walking a long context's blocks again.
+
+        A block whose prefix the cache already holds (computed again: the last block of a
+        prompt sent twice, a shared system prompt of requests admitted together, a request
+        readmitted after a preemption at a block boundary) is swapped for the cached copy, and
+        its own copy freed. Registered beside it, it left req's later blocks chained to a
+        parent no lookup serves: a follow-up turn missed the whole reply."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        num_full = req.num_computed_tokens // bs
+        # A stop inside a run of accepted drafts leaves KV computed past the last token: never
+        # register it.
+        num_full = min(req.num_computed_tokens, len(req.all_token_ids)) // bs
         if num_full <= req.num_hashed_blocks:
             return
-        hashes = self._request_hashes(req, req.num_computed_tokens)
+        hashes = self._request_hashes(req, num_full * bs)
         for i in range(req.num_hashed_blocks, num_full):
             block = self.blocks[req.block_ids[i]]
             if block.block_hash is not None:  # served from the cache at admission
                 continue
             prev = self.blocks[req.block_ids[i - 1]] if i else None
-            block.parent = (prev.block_id, prev.generation) if prev else None
-            block.block_hash = hashes[i]
-            block.token_ids = tuple(req.all_token_ids[i * bs:(i + 1) * bs])
+            parent = (prev.block_id, prev.generation) if prev else None
+            token_ids = tuple(req.all_token_ids[i * bs:(i + 1) * bs])
+            held = self.cached.get(hashes[i])
+            if held is not None:
+                copy = self.blocks[held]
+                if copy.parent == parent and copy.token_ids == token_ids:
+                    self._swap(req, i, copy)
+                    continue
+            block.parent, block.block_hash, block.token_ids = parent, hashes[i], token_ids
             self.cached.setdefault(hashes[i], block.block_id)
         req.num_hashed_blocks = num_full
+
+    def _swap(self, req: Request, i: int, copy: Block) -> None:
+        """Put the cached copy of req's block i in its place; the same tokens after the same
+        prefix, so the same KV. req's own block was never registered: it is reused first."""
+        if copy.ref_count == 0:
+            del self.free_queue[copy.block_id]
+        copy.ref_count += 1
+        own = self.blocks[req.block_ids[i]]
+        own.ref_count -= 1
+        if own.ref_count == 0:
+            self.free_queue[own.block_id] = None
+            self.free_queue.move_to_end(own.block_id, last=False)
+        req.block_ids[i] = copy.block_id
 
     def free(self, req: Request) -> None:
         """Drop req's references. Tail blocks are queued first so that a prefix outlives its

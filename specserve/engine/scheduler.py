@@ -79,6 +79,12 @@ class Scheduler:
             # Prefill chunks must not swallow draft tokens meant for a later verify step.
             if req.num_computed_tokens + num_new < req.num_tokens:
                 req.spec_token_ids = []
+            # Drafts are a bet: they never cost another request (or req itself) its KV. Without
+            # them the step still decodes req's token; step() sees that no draft was verified
+            # and rolls the proposer back.
+            with_drafts, no_drafts = num_new, min(num_new, req.num_tokens - req.num_computed_tokens)
+            if with_drafts > no_drafts and not bm.allocate(req, with_drafts):
+                num_new = no_drafts
             while not bm.allocate(req, num_new):
                 victim = self.running.pop()  # lowest priority: admitted last
                 self._preempt(victim)
@@ -87,6 +93,8 @@ class Scheduler:
                     break
             if req.status == RequestStatus.PREEMPTED:
                 break
+            if num_new < with_drafts and out.preempted and bm.allocate(req, with_drafts):
+                num_new = with_drafts  # a victim for the decode token left room for them
             out.scheduled.append((req, num_new))
             budget -= num_new
             i += 1
@@ -118,10 +126,10 @@ class Scheduler:
                             f"({bm.num_blocks} blocks of {bm.block_size}); raise kv_cache_memory")
                     break
                 self.waiting.popleft()
-                if req.status == RequestStatus.WAITING:
+                if req.status == RequestStatus.WAITING:  # not a readmission after preemption
                     req.num_cached_tokens = num_cached
                     req.scheduled_time = time.perf_counter()
-                bm.record_prefix_lookup(req.num_tokens, num_cached)
+                    bm.record_prefix_lookup(req.num_tokens, num_cached)
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
                 out.scheduled.append((req, num_new))
@@ -154,10 +162,10 @@ class Scheduler:
         cached = self.block_manager.cached
         shared = in_flight = 0
         for h in self.block_manager.prompt_block_hashes(req):
-            if h in inflight:
+            if h not in cached:  # cached first: a block one request registered while another
+                if h not in inflight:  # still prefills its own copy can be served now
+                    break
                 in_flight += 1
-            elif h not in cached:
-                break
             shared += 1
         return in_flight > 0 and shared * self.block_manager.block_size >= MIN_SHARED_TOKENS_TO_WAIT
 

@@ -111,12 +111,13 @@ class SpeculationPlanner:
                     reqs[i].spec_evidence = proposal.evidence[j]
         self.last_draft_time = time.perf_counter() - t0
         self.stats.draft_time += self.last_draft_time
-        row = 0
         for req, tokens in zip(reqs, token_ids, strict=True):
             req.spec_token_ids, req.spec_from_grammar = tokens, False
-            if probs is not None and tokens:
-                req.spec_probs = probs[row:row + len(tokens)]
-                row += len(tokens)
+        row = 0  # the proposal's probability rows are the rest's drafts, in order
+        for i in rest if probs is not None else ():
+            if token_ids[i]:
+                reqs[i].spec_probs = probs[row:row + len(token_ids[i])]
+                row += len(token_ids[i])
 
     def _choose(self, policy: SpecPolicy, reqs: list[Request], free: list[int],
                 ks: list[int], caps: list[int]) -> dict[int, list[int]]:
