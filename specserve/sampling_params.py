@@ -153,9 +153,9 @@ class SamplingParams:
             value = getattr(self, name)
             if not _is_number(value) or not -2 <= value <= 2:
                 bad(f"{name} must be in [-2, 2], got {value!r}")
-        if (not _is_number(self.repetition_penalty)
-                or not 0 < self.repetition_penalty < math.inf):
-            bad(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        # vLLM's range; past float32's (~3.4e38) the penalty turned a 0 logit into NaN
+        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 2:
+            bad(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty!r}")
         if self.logit_bias is not None and (
                 not isinstance(self.logit_bias, dict)
                 or any(not _is_int(t) or t < 0 for t in self.logit_bias)

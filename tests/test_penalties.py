@@ -125,6 +125,7 @@ def test_logit_bias_steers_and_logprobs_stay_the_models_own(llm):
     ({"frequency_penalty": -3}, "frequency_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
     ({"repetition_penalty": float("nan")}, "repetition_penalty"),
+    ({"repetition_penalty": 1e39}, "repetition_penalty"),
     ({"logit_bias": {-1: 1.0}}, "logit_bias"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias"),
     ({"logit_bias": {5: float("inf")}}, "logit_bias"),

@@ -605,3 +605,25 @@ def test_a_greedy_batch_is_verified_as_the_rejection_sampler_verifies_it():
         assert fast == [[t for t in r if t != PLACEHOLDER_TOKEN_ID] for r in out.tolist()]
         accepted += num_accepted.tolist()
     assert min(accepted) == 0 and max(accepted) == 5  # rejections and full acceptance both seen
+
+
+def test_a_greedy_request_with_filters_takes_the_first_maximum_beside_a_random_one():
+    """A greedy request with top_p / top_k (clients send temperature 0 with top_p 0.1) that
+    verifies a draft beside a random request: its verdict and its token are the first maximum,
+    what plain greedy decoding picks, even where two logits tie at the top. Filtered, which of
+    the tied pair survives is up to the sort, which is not stable by contract (on this CPU it
+    happens to keep index order, so the filtered rows gave the same answer here)."""
+    from specserve.sample.emit import emit_tokens
+    from specserve.sampling_params import SamplingParams
+
+    for top in (dict(top_p=0.1), dict(top_k=1)):
+        logits = torch.zeros(3, 50)
+        logits[:2, 3] = logits[:2, 7] = 5.0  # the greedy request's two rows: 3 and 7 tie
+        params = [SamplingParams(temperature=0.0, **top),
+                  SamplingParams(temperature=1.0, top_p=0.9, seed=1)]
+        out = emit_tokens(logits, params, [None, torch.Generator().manual_seed(1)], [1, 0],
+                          [[7], []], [None, None])
+        assert out[0] == [3], top  # the draft (the second maximum) is rejected
+        out = emit_tokens(logits, params, [None, torch.Generator().manual_seed(1)], [1, 0],
+                          [[3], []], [None, None])
+        assert out[0] == [3, 3], top

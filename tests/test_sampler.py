@@ -100,6 +100,18 @@ def test_top_p_applies_to_the_renormalised_top_k_distribution():
     assert kept(out[1]) == {0, 1}  # 0.4 < 0.5 without top-k
 
 
+def test_top_k_keeps_ties_with_the_kth_whether_or_not_the_batch_sets_top_p():
+    """bf16 logits tie often. A top-k row keeps every token tied with its k-th, in the path
+    without top_p and in the sorted one that another row's top_p selects: its distribution
+    does not depend on the batch."""
+    row = torch.tensor([[3.0, 2.0, 1.0, 2.0, 0.5]])
+    alone = apply_top_k_top_p(row, torch.tensor([2]), None)
+    beside = apply_top_k_top_p(torch.cat([row, row]), torch.tensor([2, 0]),
+                               torch.tensor([1.0, 0.5]))
+    assert kept(alone[0]) == kept(beside[0]) == {0, 1, 3}
+    assert torch.equal(alone[0], beside[0])
+
+
 # ---- sample ------------------------------------------------------------------------------------
 def test_greedy_rows_are_argmax_in_a_mixed_batch():
     g = torch.Generator().manual_seed(1)

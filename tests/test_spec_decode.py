@@ -290,6 +290,12 @@ def test_draft_with_another_vocabulary_is_refused(tmp_path):
     path = make_tiny_model(tmp_path / "other", seed=1)
     with pytest.raises(ValueError, match="tokenizer does not match"):
         LLM(dtype="float32", speculative_config={"method": "draft", "model": str(path)})
+    # The same tokenizer over an embedding padded to another size: q and p would not line up.
+    target = make_tiny_model(tmp_path / "target", seed=2)
+    padded = make_tiny_model(tmp_path / "padded", seed=3, vocab_size=VOCAB + 16)
+    with pytest.raises(ValueError, match="same vocabulary size"):
+        LLM(str(target), dtype="float32",
+            speculative_config={"method": "draft", "model": str(padded)})
 
 
 # ---- random sampling is lossless, measured on the engine ------------------------------------

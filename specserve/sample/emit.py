@@ -64,10 +64,12 @@ def emit_tokens(
     rows = [k + 1 for k in num_spec]
     is_greedy = torch.tensor([p.is_greedy for p in params])
     temperature = _per_row([1.0 if p.is_greedy else p.temperature for p in params], rows)
-    target_probs = compute_probs(  # greedy rows: softmax at 1 keeps their argmax
+    # Greedy rows: softmax at 1, unfiltered, keeps their argmax (the first maximum, as plain
+    # greedy decoding picks it; a filter could leave only one of two tied maxima).
+    target_probs = compute_probs(
         logits, temperature,
-        _per_row([p.top_k for p in params], rows) if has_top_k else None,
-        _per_row([p.top_p for p in params], rows) if has_top_p else None)
+        _per_row([0 if p.is_greedy else p.top_k for p in params], rows) if has_top_k else None,
+        _per_row([1.0 if p.is_greedy else p.top_p for p in params], rows) if has_top_p else None)
     draft_probs = None
     needs_probs = [k and not p.is_greedy for k, p in zip(num_spec, params, strict=True)]
     if any(needs_probs) and any(sp is not None for sp in spec_probs):

@@ -28,8 +28,12 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
     vocab = logits.shape[-1]
     remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
     if top_k is not None:
+        # Every token tied with the k-th stays, as in the top-k-only path (and HF's and vLLM's
+        # top-k). Cut at the k-th position, an unstable sort kept one of two tied tokens, and
+        # bf16 logits tie often: a row's distribution changed with whether another request in
+        # the batch set top_p.
         k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
-        remove |= torch.arange(vocab).unsqueeze(0) >= k.unsqueeze(1)
+        remove |= sorted_logits < sorted_logits.gather(1, (k - 1).unsqueeze(1))
     if top_p is not None:
         probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
         # Drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token).

@@ -140,7 +140,7 @@ class SamplingRequest(OpenAIModel):
     top_k: Annotated[StrictInt, Field(ge=-1, le=_INT32_MAX)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
     ignore_eos: StrictBool = False
-    repetition_penalty: Annotated[StrictFloat, Field(gt=0, le=100)] | None = None
+    repetition_penalty: Annotated[StrictFloat, Field(gt=0, le=2)] | None = None
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False

@@ -35,4 +35,6 @@ def build_proposer(spec: SpeculativeConfig | None, config: EngineConfig, tokeniz
 
     weight = None if target_embedding is None else target_embedding.weight
     return DraftModelProposer(spec, config.model, tokenizer, config.torch_dtype, block_size,
-                              target_embedding=weight, device=config.device)
+                              target_embedding=weight, device=config.device,
+                              target_vocab_size=None if target_cfg is None
+                              else target_cfg.vocab_size)

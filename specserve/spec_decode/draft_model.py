@@ -67,12 +67,18 @@ class DraftModelProposer(ModelProposer):
     def __init__(self, spec: SpeculativeConfig, target_model: str | None, target_tokenizer,
                  dtype: torch.dtype, block_size: int, num_threads: int | None = None,
                  target_embedding: torch.Tensor | None = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", target_vocab_size: int | None = None):
         super().__init__()
         loaded = load_model(spec.model if spec.model is not None else target_model,
                             shared_embedding=target_embedding)
         check_same_tokenizer(target_tokenizer, loaded.tokenizer)
         cfg, sd = loaded.config, loaded.state_dict
+        if target_vocab_size is not None and cfg.vocab_size != target_vocab_size:
+            # Same tokenizer, embedding rows padded differently (Qwen2.5-0.5B's 151,936 against
+            # 7B's 152,064): the draft's q would not line up with the target's p.
+            raise ValueError(
+                f"the draft model's vocabulary has {cfg.vocab_size} rows and the target's "
+                f"{target_vocab_size}; speculative decoding needs the same vocabulary size")
         if spec.draft_layers is not None:
             if spec.draft_layers > cfg.num_layers:
                 raise ValueError(f"draft_layers={spec.draft_layers} but the model has only "

@@ -1,7 +1,7 @@
 """A verification of K drafts is one sequence x (K + 1) query tokens; the start-up profile times
-n sequences x 1 token. Times both shapes,
-forward... no: all shapes round-robin so they share the VM's noise, at the profile's context
-(96) and at 300. Median of REPS forwards per shape, ms."""
+n sequences x 1 token. Times both kinds of shape round-robin, so that they share the VM's noise,
+at the profile's context (96) and at 300: the median of REPS forwards per shape, in ms and over
+one sequence x 1 token."""
 import os, statistics, time
 import torch
 from specserve.bench.lab import build_llm, warm_up
