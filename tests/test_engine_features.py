@@ -172,6 +172,19 @@ def test_stop_strings_stop_tokens_eos_and_logprobs(llm):
     out = llm.generate(["1, 2, 3, 4,"], SamplingParams(temperature=0, max_tokens=40,
                                                         stop_token_ids=[stop_id]))[0].outputs[0]
     assert out.token_ids[-1] == stop_id and out.finish_reason == "stop"
+    # The stop token's text is not output, streamed (a stop string that never matches makes
+    # the engine keep the text as it goes) or not, unless include_stop_str_in_output.
+    stop_text = llm.get_tokenizer().decode([stop_id])
+    texts = {}
+    for streamed in (False, True):
+        for include in (False, True):
+            params = SamplingParams(temperature=0, max_tokens=40, stop_token_ids=[stop_id],
+                                    stop=["@@@"] if streamed else None,
+                                    include_stop_str_in_output=include)
+            texts[streamed, include] = llm.generate(["1, 2, 3, 4,"], params)[0].outputs[0].text
+    assert texts[False, False] == texts[True, False] == out.text
+    assert texts[False, True] == texts[True, True] == out.text + stop_text
+    assert not out.text.endswith(stop_text)
     chat = llm.chat([{"role": "user", "content": "Say hello."}],
                     SamplingParams(temperature=0, max_tokens=200, logprobs=2))[0].outputs[0]
     assert chat.finish_reason == "stop"  # the chat model ends its turn with EOS

@@ -133,6 +133,12 @@ BAD_REQUESTS = [
     pytest.param(CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), JSON, 400,
                  id="tools-unsupported"),
     pytest.param(CHAT, chat(model="nope"), JSON, 404, id="chat-unknown-model"),
+    pytest.param(CHAT, chat(chat_template_kwargs={"documents": 5}), JSON, 400,
+                 id="template-documents-not-a-list"),
+    pytest.param(CHAT, chat(chat_template_kwargs={"documents": ["x"]}), JSON, 400,
+                 id="template-documents-not-dicts"),
+    pytest.param(CMPL, completion(repetition_penalty=3.0), JSON, 400,
+                 id="repetition-penalty-over-2"),
     pytest.param(CMPL, b'{"prompt": "Hello", ', JSON, 400, id="invalid-json"),
     pytest.param(CMPL, b"", JSON, 400, id="empty-body"),
     pytest.param(CMPL, [1, 2, 3], JSON, 400, id="body-not-an-object"),
@@ -158,6 +164,24 @@ def test_malformed_request(server: LiveServer, path: str, body, content_type: st
     resp = httpx.post(server.url + path, content=content, timeout=30,
                       headers={**AUTH, "Content-Type": content_type})
     assert_openai_error(resp, status)
+
+
+def test_null_fields_read_as_not_set(server: LiveServer):
+    """OpenAI's fields are nullable and some clients send null for "not set": served with the
+    defaults, as OpenAI and vLLM serve them."""
+    nulls = {"n": None, "stream": None, "temperature": None, "stop": None, "seed": None}
+    reply = httpx.post(f"{server.url}{CMPL}", json=completion(echo=None, logprobs=None, **nulls),
+                       headers=AUTH, timeout=60)
+    assert reply.status_code == 200 and len(reply.json()["choices"]) == 1
+    reply = httpx.post(f"{server.url}{CHAT}", json=chat(logprobs=None, top_logprobs=None,
+                                                        **nulls), headers=AUTH, timeout=60)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+    streamed = httpx.post(f"{server.url}{CHAT}", json=chat(
+        stream=True, stream_options={"include_usage": None}), headers=AUTH, timeout=60)
+    assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
+    assert '"usage":{' not in streamed.text  # include_usage: null is false
+    assert_openai_error(httpx.post(f"{server.url}{CHAT}", json=chat(messages=None),
+                                   headers=AUTH, timeout=60), 400)  # required stays required
 
 
 def test_routing_errors_have_openai_shape(server: LiveServer):
@@ -319,3 +343,44 @@ def test_a_bug_of_ours_is_a_500_not_a_400(llm, monkeypatch):
         assert "min_tokens" in assert_openai_error(http.post("/v1/completions", json=refused),
                                                    400)["message"]
         assert http.post("/v1/completions", json=completion()).status_code == 200
+
+
+def test_a_server_whose_engine_failed_exits_with_the_cause():
+    """An exception inside an engine step fails every request (503), and `serve` then exits 1
+    saying the engine failed, rather than answering 503 for ~45 s and blaming the HTTP server.
+    The step is broken on purpose in the subprocess."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = ("import sys\n"
+            "from specserve.engine.llm_engine import LLMEngine\n"
+            "def broken(self, *a, **k):\n"
+            "    raise RuntimeError('a step that fails on purpose')\n"
+            "LLMEngine.step = broken\n"
+            "from specserve.server.api_server import main\n"
+            "main(sys.argv[1:])\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, "--port", str(port), "--log-level",
+                             "warning", "--served-model-name", NAME, *MODEL_FLAGS],
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert wait_until(lambda: _healthy(url), timeout=180), "the server did not start"
+        reply = httpx.post(f"{url}/v1/completions", json=completion(), timeout=60)
+        assert assert_openai_error(reply, 503)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1
+    assert "the engine failed" in out and "a step that fails on purpose" in out
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False

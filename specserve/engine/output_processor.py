@@ -29,6 +29,8 @@ def check_stop(req: Request, token: int, tokenizer, eos_token_ids: tuple[int, ..
     if token in req.stop_token_ids and (req.num_output_tokens > req.params.min_tokens
                                         or _grammar_completed(req)):
         req.stop_reason = None if token in eos_token_ids else token
+        if req.stream and req.params.include_stop_str_in_output:
+            detokenize_incrementally(tokenizer, req)
         return RequestStatus.FINISHED_STOPPED
     if req.stream:
         delta = detokenize_incrementally(tokenizer, req)
@@ -55,10 +57,17 @@ def make_output(req: Request, tokenizer, num_new: int) -> RequestOutput:
     finished = req.is_finished
     if req.stream:
         text = req.output_text
+    elif finished:
+        ids = req.output_token_ids
+        # A stop token's text is not output unless asked for (vLLM's rule), as streamed: a
+        # stop token id like "," or an EOS kept by skip_special_tokens=False ended the text
+        # only when it was not streamed.
+        if (req.finish_reason == "stop" and ids and ids[-1] in req.stop_token_ids
+                and not req.params.include_stop_str_in_output):
+            ids = ids[:-1]
+        text = tokenizer.decode(ids, skip_special_tokens=req.params.skip_special_tokens)
     else:
-        text = (tokenizer.decode(req.output_token_ids,
-                                 skip_special_tokens=req.params.skip_special_tokens)
-                if finished else "")
+        text = ""
     with_logprobs = req.params.logprobs is not None
     completion = CompletionOutput(
         index=0, text=text, token_ids=list(req.output_token_ids),

@@ -44,6 +44,11 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool 
     if reserved := sorted(_RENDERER_ARGS & kwargs.keys()):
         raise ValueError(f"chat_template_kwargs may not set {reserved[0]!r}: an argument of the "
                          "renderer, not a template variable")
+    documents = kwargs["documents"]  # template kwargs may set them too (as in vLLM)
+    if documents is not None and not (isinstance(documents, list) and all(
+            isinstance(d, dict) and all(isinstance(v, str) for v in d.values())
+            for d in documents)):
+        raise ValueError("documents must be a list of objects with string values")
     if kwargs["continue_final_message"] and kwargs["add_generation_prompt"]:
         # As vLLM: a new assistant turn and the last message left open contradict each other.
         raise ValueError("continue_final_message needs add_generation_prompt to be false")
@@ -57,6 +62,11 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool 
         return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except TemplateError as exc:  # e.g. a template that rejects the order of roles
         raise ValueError(f"the chat template refused these messages: {exc}") from exc
+    except TypeError as exc:
+        if not template_kwargs:
+            raise
+        # a template variable the client set to the wrong JSON type: the client's mistake
+        raise ValueError(f"the chat template failed on chat_template_kwargs: {exc}") from exc
 
 
 def _text_content(message: dict) -> dict:

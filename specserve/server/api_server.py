@@ -193,9 +193,16 @@ def run_server(args: argparse.Namespace) -> None:
     freeze_startup_heap()
     http.start()
     engine_loop.run_in_current_thread(is_alive=http.is_alive)
+    if engine_loop.dead is not None:
+        # Every request was failed; a server that only answers 503 is better restarted by its
+        # supervisor than left up (vLLM's engine-dead path exits too).
+        server.should_exit = True
     http.join(timeout=args.shutdown_timeout + ABORT_GRACE_S + 10)
     if not server.started:
         sys.exit("specserve: error: the HTTP server did not start (is the port in use?)")
+    if engine_loop.dead is not None:
+        sys.exit(f"specserve: error: the engine failed: {engine_loop.dead!r} "
+                 "(the traceback is in the log above)")
     if not server.should_exit:  # no signal asked for the stop: the HTTP thread died
         sys.exit("specserve: error: the HTTP server stopped unexpectedly (see the log above)")
 

@@ -70,7 +70,10 @@ class OutputStream:
         # A deque and one future rather than an asyncio.Queue: the queue looks the running loop
         # up on every get, a getpid() system call each time (~10% of the HTTP thread's busy
         # time at concurrency 1, by py-spy).
-        self._items: deque[tuple[int, RequestOutput] | BaseException] = deque()
+        # Choices with an unread output, in the order they got one (and a failure), and each
+        # one's latest output.
+        self._items: deque[int | BaseException] = deque()
+        self._pending: dict[int, RequestOutput] = {}
         self._waiter: asyncio.Future | None = None
         self._unfinished = set(range(len(request_ids)))
         self._last_delivery: list[float | None] = [None] * len(request_ids)
@@ -95,17 +98,21 @@ class OutputStream:
         item = self._items.popleft()
         if isinstance(item, BaseException):
             raise item
-        return item
+        return item, self._pending.pop(item)
 
     def _push(self, item: tuple[int, RequestOutput] | BaseException) -> None:
-        items = self._items
         # Outputs carry the text and tokens so far: one still waiting for a consumer that fell
         # behind is superseded by the next one of the same choice (one SSE chunk, not two).
-        if (items and not isinstance(item, BaseException) and not isinstance(items[-1],
-                BaseException) and items[-1][0] == item[0]):
-            items[-1] = item
+        # Per choice, not just behind the same choice: n choices alternate, and a client that
+        # stopped reading queued a full copy of every choice at every step (n = 8 x 4,000
+        # tokens with logprobs: ~1 GB for one request).
+        if isinstance(item, BaseException):
+            self._items.append(item)
         else:
-            items.append(item)
+            index, out = item
+            if index not in self._pending:
+                self._items.append(index)
+            self._pending[index] = out
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 

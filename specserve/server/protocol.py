@@ -70,6 +70,17 @@ SpecTokens = Annotated[StrictInt, Field(ge=0, le=16)]
 class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_unset(cls, data: Any) -> Any:
+        """OpenAI's fields are nullable, and clients send null for "not set" (`"n": null`,
+        `"stream": null`): such a field takes its default, as in OpenAI's API and vLLM's."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items()
+                if v is not None or k not in fields or fields[k].default is None}
+
 
 # ---- requests -------------------------------------------------------------------------------
 class StreamOptions(OpenAIModel):
