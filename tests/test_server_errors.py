@@ -345,6 +345,22 @@ def test_a_bug_of_ours_is_a_500_not_a_400(llm, monkeypatch):
         assert http.post("/v1/completions", json=completion()).status_code == 200
 
 
+@pytest.mark.parametrize("flag", [("--max-queue", "-1"), ("--shutdown-timeout", "-5"),
+                                  ("--shutdown-timeout", "nan"), ("--stream-interval", "0")])
+def test_serve_refuses_out_of_range_flags(flag, capsys):
+    import argparse
+
+    from specserve.server.cli import add_serve_args
+
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(list(flag))
+    assert flag[0] in capsys.readouterr().err
+    args = parser.parse_args(["--max-queue", "0", "--shutdown-timeout", "0"])
+    assert (args.max_queue, args.shutdown_timeout) == (0, 0.0)
+
+
 def test_a_server_whose_engine_failed_exits_with_the_cause():
     """An exception inside an engine step fails every request (503), and `serve` then exits 1
     saying the engine failed, rather than answering 503 for ~45 s and blaming the HTTP server.

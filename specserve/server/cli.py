@@ -19,7 +19,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=os.environ.get("SPECSERVE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on /v1 routes "
                         "(default: $SPECSERVE_API_KEY; unset: no authentication)")
-    p.add_argument("--max-queue", type=int, default=256,
+    p.add_argument("--max-queue", type=_non_negative_int, default=256,
                    help="requests allowed to wait beyond the --max-num-seqs running ones; "
                         "more get 429")
     p.add_argument("--stream-interval", type=_positive_int, default=1,
@@ -28,7 +28,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "thread and every client per step (see docs/performance.md)")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients must send (default: the model's own name)")
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+    p.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
                    help="on SIGTERM, seconds to let open responses finish before aborting them")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
@@ -39,6 +39,20 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < float("inf"):  # NaN too
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text}")
     return value
 
 
