@@ -139,6 +139,8 @@ BAD_REQUESTS = [
                  id="template-documents-not-dicts"),
     pytest.param(CMPL, completion(repetition_penalty=3.0), JSON, 400,
                  id="repetition-penalty-over-2"),
+    pytest.param(CHAT, chat(stop_token_ids=[10**6], structured_outputs={"choice": ["a", "b"]}),
+                 JSON, 400, id="stop-token-id-past-the-vocabulary"),
     pytest.param(CMPL, b'{"prompt": "Hello", ', JSON, 400, id="invalid-json"),
     pytest.param(CMPL, b"", JSON, 400, id="empty-body"),
     pytest.param(CMPL, [1, 2, 3], JSON, 400, id="body-not-an-object"),

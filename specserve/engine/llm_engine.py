@@ -216,9 +216,12 @@ class LLMEngine:
         if any(not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size
                for t in token_ids):
             raise ValueError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
-        if params.logit_bias and max(params.logit_bias) >= self.model_config.vocab_size:
-            raise ValueError(f"logit_bias token ids must be in [0, "
-                             f"{self.model_config.vocab_size})")
+        vocab = self.model_config.vocab_size
+        if params.logit_bias and max(params.logit_bias) >= vocab:
+            raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+        if params.stop_token_ids and max(params.stop_token_ids) >= vocab:
+            # never sampled; with structured outputs xgrammar's matcher raised a RuntimeError
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
             raise ValueError(f"the prompt has {len(token_ids)} tokens, but the maximum context "
                              f"length is {self.max_model_len} (prompt plus at least one token)")
