@@ -151,10 +151,9 @@ class BlockManager:
         (req.num_hashed_blocks) instead of walking a long context's blocks again.
 
         A block whose prefix the cache already holds (computed again: the last block of a
-        prompt sent twice, a shared system prompt of requests admitted together, a request
-        readmitted after a preemption at a block boundary) is swapped for the cached copy, and
-        its own copy freed. Registered beside it, it left req's later blocks chained to a
-        parent no lookup serves: a follow-up turn missed the whole reply."""
+        prompt sent twice, a shared system prompt of requests admitted together) is swapped
+        for the cached copy, and its own copy freed. Registered beside it, it left req's later
+        blocks chained to a parent no lookup serves: a follow-up turn missed the whole reply."""
         if not self.enable_prefix_caching:
             return
         bs = self.block_size

@@ -213,10 +213,9 @@ class LLMEngine:
             prompt_text, token_ids = None, list(prompt)
         if not token_ids:
             raise ValueError("the prompt is empty")
-        if any(not isinstance(t, int) or not 0 <= t < self.model_config.vocab_size
-               for t in token_ids):
-            raise ValueError(f"prompt token ids must be in [0, {self.model_config.vocab_size})")
         vocab = self.model_config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
+            raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
         if params.stop_token_ids and max(params.stop_token_ids) >= vocab:

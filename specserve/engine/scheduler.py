@@ -93,7 +93,7 @@ class Scheduler:
                     break
             if req.status == RequestStatus.PREEMPTED:
                 break
-            if num_new < with_drafts and out.preempted and bm.allocate(req, with_drafts):
+            if num_new < with_drafts and bm.allocate(req, with_drafts):
                 num_new = with_drafts  # a victim for the decode token left room for them
             out.scheduled.append((req, num_new))
             budget -= num_new

@@ -148,22 +148,29 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
     limit = _context_limit(runner)
     context = min(context, limit)
     long_context = min(long_context, limit)
+
+    def decode_shape(n: int, ctx: int = context) -> list[tuple[SimpleNamespace, int]]:
+        return [(seq(i, ctx), 1) for i in range(n)]
+
     # One forward of the largest point first: allocator, kernel selection and (on a GPU) clocks
     # that idle low would otherwise inflate the first points and flatten the whole curve.
-    runner.execute(runner.prepare([(seq(i, context), 1) for i in range(max(points))]),
-                   torch.arange(max(points)))
-    small = [n for n in points if n <= SMALL_POINTS_MAX]
-    times = _small_points(runner, [[(seq(i, context), 1) for i in range(n)] for n in small])
+    runner.execute(runner.prepare(decode_shape(max(points))), torch.arange(max(points)))
+    small = sorted(n for n in points if n <= SMALL_POINTS_MAX)
+    timed = {}
+    if small:
+        timed = dict(zip(small, _small_points(runner, [decode_shape(n) for n in small]),
+                         strict=True))
     # The rest ascending, each point's runs back to back: a forward right after a much bigger
     # one runs ~20% slow.
-    times += [fastest([(seq(i, context), 1) for i in range(n)]) for n in points
-              if n > SMALL_POINTS_MAX]
+    for n in sorted(points):
+        if n > SMALL_POINTS_MAX:
+            timed[n] = fastest(decode_shape(n))
+    times = [timed[n] for n in points]
     kv_read_s = attention_s = 0.0
     extra = long_context - context
     if extra >= 4 * bs:
         s, q = CONTEXT_SEQS, CONTEXT_QUERY
-        d1 = (fastest([(seq(i, long_context), 1) for i in range(s)])
-              - fastest([(seq(i, context), 1) for i in range(s)])) / (s * extra)
+        d1 = (fastest(decode_shape(s, long_context)) - fastest(decode_shape(s))) / (s * extra)
         dq = (fastest([(seq(i, long_context, q), q) for i in range(s)])
               - fastest([(seq(i, context, q), q) for i in range(s)])) / (s * extra)
         attention_s = max((dq - d1) / (q - 1), 0.0)
