@@ -30,6 +30,11 @@ class RequestMetrics:
     num_accepted_tokens: int = 0
     # When the scheduler first admitted the request (queue time ends, prefill starts).
     scheduled_time: float | None = None
+    # Seconds from the previous step that emitted tokens for this request to the step that made
+    # this output (none for the first token), on the engine's clock: vLLM's inter-token
+    # latency, one per step (a step that verified drafts may emit several tokens). A server
+    # that holds outputs back (--stream-interval) hands over the gaps of every step it held.
+    inter_token_latencies: list[float] = field(default_factory=list)
 
     @property
     def ttft(self) -> float | None:

@@ -19,6 +19,7 @@ from specserve.server.metrics import ServerMetrics, buckets_1_2_5
 
 # Times on the engine's clock; binary fractions, so that sums compare exactly.
 ARRIVAL, SCHEDULED, FIRST_TOKEN, FINISHED = 100.0, 100.25, 101.0, 103.5
+ITL = 0.015625
 
 
 def make_out(num_prompt: int = 10, num_tokens: int = 1, *, reason: str | None = None,
@@ -40,7 +41,9 @@ def scrape(metrics: ServerMetrics) -> dict[str, float]:
 def serve(metrics: ServerMetrics, outs: list[RequestOutput]) -> None:
     """Deliver one request's outputs in order, as the event loop does."""
     for i, out in enumerate(outs):
-        metrics.observe(out, None if i == 0 else 0.02)
+        if i:  # the engine's gap since the previous step (binary fraction: exact sums)
+            out.metrics.inter_token_latencies = [ITL]
+        metrics.observe(out, i == 0)
 
 
 @pytest.fixture
@@ -71,7 +74,9 @@ def test_per_request_histograms_are_observed_once_at_the_finish(metrics):
     assert s["vllm:request_prompt_tokens_count{}"] == 0
     assert s["vllm:request_queue_time_seconds_count{}"] == 0
     assert s["vllm:inter_token_latency_seconds_count{}"] == 1
-    metrics.observe(make_out(10, 4, reason="stop"), 0.02)
+    last = make_out(10, 4, reason="stop")
+    last.metrics.inter_token_latencies = [ITL, ITL]  # two steps held back, handed over at once
+    metrics.observe(last, False)
     s = scrape(metrics)
     assert s["vllm:request_success_total{finished_reason=stop}"] == 1
     assert s["vllm:request_prompt_tokens_sum{}"] == 10
@@ -83,6 +88,8 @@ def test_per_request_histograms_are_observed_once_at_the_finish(metrics):
     assert s["vllm:request_decode_time_seconds_sum{}"] == FINISHED - FIRST_TOKEN
     assert s["vllm:request_inference_time_seconds_sum{}"] == FINISHED - SCHEDULED
     assert s["vllm:time_to_first_token_seconds_count{}"] == 1
+    assert s["vllm:inter_token_latency_seconds_count{}"] == 3  # one per engine step
+    assert s["vllm:inter_token_latency_seconds_sum{}"] == 3 * ITL
     assert s["vllm:prompt_tokens_total{}"] == 10  # once per request, not per output
 
 

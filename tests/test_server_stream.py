@@ -83,15 +83,21 @@ def test_output_stream_delivers_in_order_and_supersedes_unread_outputs():
 def test_stream_interval_holds_outputs_back_and_loses_nothing(llm, interval):
     """The engine thread hands outputs over every `interval` steps, except a first token and a
     finished request, which go at once; every hand-off carries everything so far, so the
-    streamed text is the offline engine's."""
+    streamed text is the offline engine's. The metrics still get one inter-token latency per
+    engine step: a hand-off carries the gaps of every step it held back."""
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     prompts = ["The capital of France is", "def fibonacci(n):"]
     want = [o.outputs[0].text for o in llm.generate(prompts, params)]
+    gaps: dict[str, list[float]] = {}
+    firsts: dict[str, list[bool]] = {}
 
     async def run() -> tuple[dict[str, list[int]], list[str]]:
         handed: dict[str, list[int]] = {}  # request -> tokens so far at each hand-off
-        observe = lambda out, _gap: handed.setdefault(out.request_id, []).append(  # noqa: E731
-            len(out.outputs[0].token_ids))
+
+        def observe(out, first: bool) -> None:
+            handed.setdefault(out.request_id, []).append(len(out.outputs[0].token_ids))
+            gaps.setdefault(out.request_id, []).extend(out.metrics.inter_token_latencies)
+            firsts.setdefault(out.request_id, []).append(first)
         engine = AsyncEngine(llm.engine, observer=observe, stream_interval=interval)
         engine.start()
         try:
@@ -111,6 +117,9 @@ def test_stream_interval_holds_outputs_back_and_loses_nothing(llm, interval):
             assert counts == list(range(1, 17))
         else:  # after the first token, one hand-off per `interval` steps, the last at once
             assert counts == [1, 4, 7, 10, 13, 16]
+    for rid, got in gaps.items():
+        assert len(got) == 15 and all(g > 0 for g in got), rid  # 16 tokens, one per step
+        assert firsts[rid] == [True] + [False] * (len(firsts[rid]) - 1)
 
 
 def test_stream_interval_must_be_positive(llm):

@@ -346,6 +346,8 @@ class LLMEngine:
                 # a guess under the token emitted in its place, and could share it).
                 self.proposer.on_verified(req, 0, 0)
             req.spec_token_ids, req.spec_probs = [], None
+            itl = None if req.last_token_time is None else now - req.last_token_time
+            req.last_token_time = now
             if req.first_token_time is None:
                 req.first_token_time = now
             if req.grammar is not None:
@@ -358,7 +360,7 @@ class LLMEngine:
             if req.params.logprobs is not None:  # only for the tokens a stop left standing
                 record_logprobs(req, logprob_logits[row:row + num_new], tokens[:num_new])
             row += k + 1
-            outputs.append(make_output(req, self.tokenizer, num_new))
+            outputs.append(make_output(req, self.tokenizer, num_new, itl))
         for req, _ in sched.scheduled:
             if not req.is_finished:
                 self.block_manager.cache_blocks(req)

@@ -51,9 +51,11 @@ def _grammar_completed(req: Request) -> bool:
     return req.grammar is not None and req.grammar.is_terminated()
 
 
-def make_output(req: Request, tokenizer, num_new: int) -> RequestOutput:
+def make_output(req: Request, tokenizer, num_new: int, itl: float | None = None
+                ) -> RequestOutput:
     """The request's output so far; the full text is decoded once, at the end, unless the
-    request streams (then it is kept incrementally)."""
+    request streams (then it is kept incrementally). itl: seconds since the request's previous
+    step that emitted tokens (None at its first token)."""
     finished = req.is_finished
     if req.stream:
         text = req.output_text
@@ -76,7 +78,8 @@ def make_output(req: Request, tokenizer, num_new: int) -> RequestOutput:
         finish_reason=req.finish_reason, stop_reason=req.stop_reason)
     metrics = RequestMetrics(req.arrival_time, req.first_token_time, req.finished_time,
                              req.num_cached_tokens, req.num_preemptions,
-                             req.num_draft_tokens, req.num_accepted_tokens, req.scheduled_time)
+                             req.num_draft_tokens, req.num_accepted_tokens, req.scheduled_time,
+                             [] if itl is None else [itl])
     delta = req.output_token_ids[-num_new:] if num_new else []
     return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [completion],
                          finished, metrics, delta_token_ids=delta)

@@ -83,6 +83,7 @@ class Request:
         self.arrival_time = time.perf_counter()
         self.scheduled_time: float | None = None  # first admitted (a re-admission keeps it)
         self.first_token_time: float | None = None
+        self.last_token_time: float | None = None  # the latest step that emitted tokens
         self.finished_time: float | None = None
 
     @property

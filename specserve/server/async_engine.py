@@ -32,11 +32,10 @@ logger = logging.getLogger(__name__)
 # ignored SIGTERM for good.
 IDLE_WAKE_S = 0.5
 
-# Called on the event loop for every output as it is delivered, with the seconds since that
-# request's previous delivery (None for its first); used for latency metrics. It runs there, not
-# on the engine thread, because every microsecond on the engine thread between forwards is a
-# microsecond of every request's step.
-OutputObserver = Callable[[RequestOutput, float | None], None]
+# Called on the event loop for every output as it is delivered, and whether it is that request's
+# first; used for latency metrics. It runs there, not on the engine thread, because every
+# microsecond on the engine thread between forwards is a microsecond of every request's step.
+OutputObserver = Callable[[RequestOutput, bool], None]
 # Called on the event loop for each engine request that ends unfinished (its client went away,
 # the server shut down, the engine failed), with its latest output (None before its first) and
 # when it arrived (time.perf_counter()).
@@ -76,7 +75,7 @@ class OutputStream:
         self._pending: dict[int, RequestOutput] = {}
         self._waiter: asyncio.Future | None = None
         self._unfinished = set(range(len(request_ids)))
-        self._last_delivery: list[float | None] = [None] * len(request_ids)
+        self._delivered = [False] * len(request_ids)  # the metrics observer's "first output"
         # For the abort observer: when the request came, its choices' latest outputs, and
         # whether the engine took it (a refused one is no abort).
         self._arrival = time.perf_counter()
@@ -138,9 +137,8 @@ class OutputStream:
             return  # closed by the consumer meanwhile
         observer = self._owner._observer
         if observer is not None:
-            last = self._last_delivery[index]
-            observer(out, None if last is None else now - last)
-            self._last_delivery[index] = now
+            observer(out, not self._delivered[index])
+            self._delivered[index] = True
         self._last_output[index] = out
         self._push((index, out))
         if out.finished:
@@ -407,6 +405,11 @@ class AsyncEngine:
                 return
             if engine.has_unfinished_requests():
                 for out in engine.step(on_forward=deliver_pending):
+                    held = pending.get(out.request_id)
+                    if held is not None and held.metrics is not None and out.metrics is not None:
+                        # The newer output carries everything so far but its own step's gap.
+                        held.metrics.inter_token_latencies += out.metrics.inter_token_latencies
+                        out.metrics.inter_token_latencies = held.metrics.inter_token_latencies
                     pending[out.request_id] = out
             if not engine.has_unfinished_requests():
                 deliver_pending(force=True)

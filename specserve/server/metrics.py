@@ -154,8 +154,9 @@ class ServerMetrics:
         self._ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token.",
                                _TTFT_BUCKETS)
         self._itl = histogram("vllm:inter_token_latency_seconds",
-                              "Time between consecutive outputs of a request (one step; with "
-                              "speculation one output may carry several tokens).", _ITL_BUCKETS)
+                              "Time between consecutive engine steps that emitted tokens for a "
+                              "request (with speculation one step may emit several tokens).",
+                              _ITL_BUCKETS)
         self._e2e = histogram("vllm:e2e_request_latency_seconds",
                               "Arrival to last token (to the abort, for aborted requests).",
                               _E2E_BUCKETS)
@@ -193,13 +194,17 @@ class ServerMetrics:
         self._success = {r: self.success.labels(model_name, r) for r in FINISH_REASONS}
         registry.register(_EngineStatsCollector(stats, model_name, cache_config))
 
-    def observe(self, out: RequestOutput, since_previous: float | None) -> None:
-        """Called on the event loop for every delivered output; since_previous is None for a
-        request's first. Per-request work happens only at the first and the finishing one."""
-        if since_previous is None:
+    def observe(self, out: RequestOutput, first: bool) -> None:
+        """Called on the event loop for every delivered output (first: the request's first).
+        Inter-token latencies are the engine's step-to-step gaps that the output carries, as
+        vLLM times them, not gaps between deliveries: those add the hand-off to this thread
+        and span several steps with --stream-interval. Per-request work happens only at the
+        first and the finishing output."""
+        if first:
             self._on_first_output(out)
-        else:
-            self._itl.observe(since_previous)
+        if out.metrics is not None:
+            for itl in out.metrics.inter_token_latencies:
+                self._itl.observe(itl)
         if out.finished:
             m = out.metrics
             self._on_end(out, out.outputs[0].finish_reason or "unknown",
