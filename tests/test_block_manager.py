@@ -1,6 +1,6 @@
 """Unit tests for the KV block pool (specserve/engine/block_manager.py): all-or-nothing
-allocation, reference counts, prefix caching (hits, counters, hash collisions), LRU eviction,
-trim and reset. Pure Python; no model is loaded."""
+allocation, reference counts, prefix caching (hits, counters, hash collisions), LRU eviction
+and reset. Pure Python; no model is loaded."""
 
 from __future__ import annotations
 
@@ -429,38 +429,7 @@ def test_an_evicted_and_reallocated_block_no_longer_hits():
     check_invariants(bm, [b])
 
 
-# ---- trim and reset ----------------------------------------------------------------------------
-def test_trim_releases_tail_blocks():
-    bm = BlockManager(8, BS)
-    r = make_req(toks(1, 3 * BS), "r")
-    prefill(bm, r)
-    assert len(r.block_hashes) == 3
-    ids = list(r.block_ids)
-    bm.trim(r, BS + 1)
-    assert r.block_ids == ids[:2]
-    assert len(r.block_hashes) == 1
-    assert bm.num_free_blocks == 6
-    assert list(bm.free_queue)[0] == ids[2]  # reused first
-    bm.trim(r, 2 * BS)  # nothing beyond what 2 blocks need
-    assert r.block_ids == ids[:2]
-    check_invariants(bm, [r])
-    bm.free(r)
-    assert bm.num_free_blocks == 8
-    check_invariants(bm, [])
-
-
-def test_trim_keeps_blocks_another_request_holds():
-    bm = BlockManager(8, BS)
-    a = make_req(toks(1, 2 * BS + 1), "a")
-    prefill(bm, a)
-    b = make_req(toks(1, 2 * BS + 1), "b")
-    assert prefill(bm, b) == a.block_ids[:2]
-    bm.trim(b, BS)
-    assert b.block_ids == a.block_ids[:1]
-    assert bm.blocks[a.block_ids[1]].ref_count == 1
-    check_invariants(bm, [a, b])
-
-
+# ---- reset ----------------------------------------------------------------------------------
 def test_reset_prefix_cache_forgets_free_blocks_and_keeps_blocks_in_use():
     bm = BlockManager(16, BS)
     held = make_req(toks(1, 2 * BS + 1), "held")
@@ -532,8 +501,9 @@ def test_random_workload_keeps_invariants_and_serves_only_matching_kv():
                 accepted = rng.randint(0, k)
                 for _ in range(accepted + 1):
                     req.append_token(rng.randrange(3))
+                # As the engine does, the blocks of rejected drafts stay with the request
+                # (the next tokens reuse them); their stale KV is never registered.
                 req.num_computed_tokens = req.num_tokens - 1
-                bm.trim(req, req.num_tokens)
                 bm.cache_blocks(req)
                 _kv_oracle_step(bm, req, content)
         elif live:

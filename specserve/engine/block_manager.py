@@ -206,19 +206,6 @@ class BlockManager:
         req.block_ids = []
         req.num_hashed_blocks = 0
 
-    def trim(self, req: Request, num_tokens: int) -> None:
-        """Release blocks beyond what num_tokens needs (after rejected speculative tokens)."""
-        keep = -(-num_tokens // self.block_size)
-        while len(req.block_ids) > keep:
-            block_id = req.block_ids.pop()
-            block = self.blocks[block_id]
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                self.free_queue[block_id] = None
-                self.free_queue.move_to_end(block_id, last=False)
-        del req.block_hashes[num_tokens // self.block_size:]
-        req.num_hashed_blocks = min(req.num_hashed_blocks, num_tokens // self.block_size)
-
     def reset_prefix_cache(self) -> None:
         """Forget every cached block that no request holds (benchmarks measure cold prefills)."""
         for block_id in self.free_queue:
