@@ -296,6 +296,12 @@ def test_data_holds_out_whole_prompts_and_samples_extra_replies(tmp_path):
         list(o.prompt_token_ids) + list(o.outputs[0].token_ids) for o in greedy]
     assert any(len({tuple(s.token_ids) for s in data.train if prompt(s) == p}) > 1
                for p in set(train_prompts))
+    # Repeated prompts (a prompts file with a line twice, the same prompts under two kinds)
+    # are one prompt: no copy lands on the other side of the split.
+    twice = items + [PromptItem(kind="again", text=i.text, token_ids=i.token_ids,
+                                messages=i.messages) for i in items]
+    dup = build_data(llm, twice, cfg, seed=0)
+    assert (dup.train, dup.held_out) == (data.train, data.held_out)
 
 
 def test_cli(tmp_path, capsys):
@@ -335,5 +341,14 @@ def test_cli(tmp_path, capsys):
     assert report["method"] == "eagle" and report["head_vocab_size"] == 16
     assert (tmp_path / "eagle" / "eagle.json").is_file()
     assert "trained eagle saved to" in capsys.readouterr().out
+    assert cached_draft_path(None, "prose,json", 3).parts[-2:] == (
+        "drafts", "SmolLM2-135M-Instruct-prose+json-3")  # the embedded model
+    # A local directory: its name and a digest of its path, so that two checkpoints with the
+    # same folder name, or a local copy of the embedded model, get drafts of their own.
     path = cached_draft_path("/models/SmolLM2-135M-Instruct/", "prose,json", 3)
-    assert path.parts[-2:] == ("drafts", "SmolLM2-135M-Instruct-prose+json-3")
+    assert path.parts[-2] == "drafts" and path.name.startswith("SmolLM2-135M-Instruct.")
+    assert path.name.endswith("-prose+json-3")
+    assert path == cached_draft_path("/models/../models/SmolLM2-135M-Instruct", "prose,json", 3)
+    assert path != cached_draft_path(None, "prose,json", 3)
+    assert (cached_draft_path("/runs/a/final", "prose", 3)
+            != cached_draft_path("/runs/b/final", "prose", 3))

@@ -23,8 +23,9 @@ DRAFT_LAYERS = 3
 
 
 def cached_path(target: str | None, method: str) -> Path:
-    """~/.cache/specserve/drafts/<target>-<workloads>-3 (draft) or ...-eagle (eagle)."""
-    base = cached_draft_path(target or "SmolLM2-135M-Instruct", TRAIN_WORKLOADS, DRAFT_LAYERS)
+    """~/.cache/specserve/drafts/<target>-<workloads>-3 (draft) or ...-eagle (eagle); target
+    None is the embedded model."""
+    base = cached_draft_path(target, TRAIN_WORKLOADS, DRAFT_LAYERS)
     return base if method == "draft" else base.with_name(base.name.rsplit("-", 1)[0] + "-eagle")
 
 

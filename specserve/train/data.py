@@ -168,12 +168,27 @@ def split_by_kind(entries: Sequence, held_out_fraction: float, seed: int) -> tup
     return train, held
 
 
+def unique_prompts(items: Sequence[PromptItem]) -> list[PromptItem]:
+    """items without repeats (the first of each prompt is kept, under its kind): a prompts file
+    with a line twice, `--workload prose,prose` or json beside json-schema (the same prompts)
+    would otherwise put one copy in train and the other in held-out."""
+    seen: set[str] = set()
+    out = []
+    for item in items:
+        key = prompt_key(item.messages, item.text, item.token_ids)
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return out
+
+
 def build_data(llm, items: Sequence[PromptItem], cfg: DataConfig = DataConfig(),
                seed: int = 0) -> DraftData:
-    """Split the prompts (so no held-out prompt is ever trained on), then generate: train
-    prompts get `cfg.replies_per_prompt` replies, held-out prompts their greedy reply only."""
+    """Split the prompts, repeats removed (so no held-out prompt is ever trained on), then
+    generate: train prompts get `cfg.replies_per_prompt` replies, held-out prompts their greedy
+    reply only."""
     t0 = time.perf_counter()
-    train_items, held_items = split_by_kind(items, cfg.held_out_fraction, seed)
+    train_items, held_items = split_by_kind(unique_prompts(items), cfg.held_out_fraction, seed)
     train = generate_samples(llm, train_items, cfg.max_reply_tokens, cfg.replies_per_prompt,
                              cfg.reply_temperature, seed)
     held = generate_samples(llm, held_items, cfg.max_reply_tokens)

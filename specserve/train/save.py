@@ -10,6 +10,7 @@ report).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -31,13 +32,22 @@ CALIBRATION_FILE = "calibration.json"
 # of a draft's few layers (13k and 34k tokens gave the same acceptance), ~100 KB of JSON, ~7 s at
 # load time.
 CALIBRATION_TOKENS = 16384
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # the cache name of the embedded model's drafts
 
 
-def cached_draft_path(target: str, workload: str, layers: int) -> Path:
+def cached_draft_path(target: str | None, workload: str, layers: int) -> Path:
     """Default home of a draft trained for the lab:
-    ~/.cache/specserve/drafts/<target>-<workload>-<layers> ($SPECSERVE_CACHE moves the root)."""
+    ~/.cache/specserve/drafts/<target>-<workload>-<layers> ($SPECSERVE_CACHE moves the root).
+    target None is the embedded model. A path is named by its last part and a digest of the
+    whole resolved path: two checkpoints that share a folder name (runs/a/final, runs/b/final;
+    a local copy of SmolLM2-135M-Instruct beside the embedded one) must not share a draft."""
     root = Path(os.environ.get("SPECSERVE_CACHE", Path.home() / ".cache" / "specserve"))
-    name = Path(str(target).rstrip("/")).name or "target"
+    if target is None:
+        name = EMBEDDED_NAME
+    else:
+        where = Path(str(target)).expanduser().resolve()
+        digest = hashlib.sha256(str(where).encode()).hexdigest()[:8]
+        name = f"{where.name or 'target'}.{digest}"
     safe = "-".join(re.sub(r"[^\w.+-]", "_", part)
                     for part in (name, workload.replace(",", "+"), str(layers)))
     return root / "drafts" / safe
