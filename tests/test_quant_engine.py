@@ -135,3 +135,18 @@ def test_greedy_steps_keep_bf16_logits_and_emit_the_same_tokens(monkeypatch):
     slow = [o.outputs[0].token_ids for o in llm.generate(prompts, with_logprobs)]
     assert set(seen) == {torch.float32}
     assert fast == slow
+
+
+def test_fp8_weights_in_an_fp32_model():
+    """fp8 keeps a bf16 image of each weight on the CPU, which the engine must not pack as a
+    bf16 layer of an fp32 model: oneDNN refused the fp32 inputs (a crash on the first prefill),
+    and AMX's decode kernel takes bf16 only. "fp8" is vLLM's name for the fp8_e4m3 KV pool."""
+    prompt = "The history of the city is long and full of events. " * 6  # > 32 rows: a GEMM
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm = LLM(dtype="float32", quantization="fp8", kv_cache_dtype="fp8",
+              kv_cache_memory=32 << 20)
+    assert llm.engine.runner.kv_caches[0].dtype == torch.float8_e4m3fn
+    out = llm.generate([prompt, "Hi"], params)
+    plain = LLM(dtype="float32", kv_cache_memory=32 << 20).generate([prompt], params)
+    assert all(len(o.outputs[0].token_ids) == 6 for o in out)
+    assert out[0].outputs[0].token_ids[0] == plain[0].outputs[0].token_ids[0]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32", "int8", "fp8_e4m3")
+# "fp8" is vLLM's name for fp8_e4m3.
+KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float32", "fp32", "int8", "fp8", "fp8_e4m3")
 _QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: 448.0}
 
 
@@ -19,7 +20,7 @@ def resolve_kv_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
         raise ValueError(f"unknown kv_cache_dtype {name!r}; choose one of {KV_CACHE_DTYPES}")
     return {"auto": model_dtype, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
             "float32": torch.float32, "fp32": torch.float32, "int8": torch.int8,
-            "fp8_e4m3": torch.float8_e4m3fn}[name]
+            "fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}[name]
 
 
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,

@@ -122,10 +122,16 @@ def pack_linears(model: nn.Module) -> int:
     ones are left alone) for a PackedLinear. Returns the bytes added: a tied LM head gets its own
     packed copy, and an fp32 image of a bf16 weight (kept beside it) is twice its bytes."""
     added = 0
+    # The activations' dtype: fp8 keeps a bf16 image whatever the model's dtype, and a packed
+    # bf16 layer takes bf16 inputs only (an fp32 model's fp8 layers cast for themselves).
+    embedding = getattr(model, "embed_tokens", None)
+    act_dtype = embedding.weight.dtype if embedding is not None else None
     for name, module in list(model.named_modules()):
         dense = _dense_weights(module)
         if dense is None or dense[0].device.type != "cpu" or not can_pack(dense[0].dtype):
             continue  # oneDNN packing is for the CPU
+        if act_dtype is not None and dense[0].dtype != act_dtype:
+            continue
         weight, bias = dense
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
