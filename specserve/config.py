@@ -51,6 +51,9 @@ class ModelConfig:
     attention_bias: bool = False  # Qwen2 has a bias on q/k/v
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "llama"
+    # A scaled rope (Llama 3.1's "llama3", "linear", "yarn"): Hugging Face's rope parameters
+    # besides rope_theta, as (key, value) pairs; empty for the default rope.
+    rope_scaling: tuple[tuple[str, object], ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

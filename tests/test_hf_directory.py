@@ -29,6 +29,88 @@ def test_tiny_hf_directory_matches_transformers(tmp_path, arch):
         assert out.outputs[0].token_ids == ref[0, len(prompt):].tolist()
 
 
+ROPES = {
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    "linear": {"rope_type": "linear", "factor": 4.0},
+}
+
+
+@pytest.mark.parametrize("rope", list(ROPES))
+def test_scaled_rope_matches_transformers(tmp_path, rope):
+    """Llama 3.1's "llama3" rope, yarn (whose attention factor scales cos and sin) and linear
+    scaling: the logits over a long prompt are transformers' (an unscaled rope was read
+    silently before, and every position was wrong)."""
+    from transformers import AutoModelForCausalLM
+
+    path = make_tiny_model(tmp_path / rope, seed=4, rope_scaling=ROPES[rope])
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
+    assert dict(llm.engine.model_config.rope_scaling)["rope_type"] == rope
+    prompt = [(7 * i) % 60 + 2 for i in range(120)]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=5,
+                                                ignore_eos=True))[0].outputs[0]
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    top = ref.topk(5)
+    assert out.token_ids[0] == top.indices[0].item()
+    got = out.logprobs[0]
+    for token, logprob in zip(top.indices.tolist(), top.values.tolist(), strict=True):
+        assert got[token] == pytest.approx(logprob, abs=1e-3)
+
+
+def test_checkpoints_whose_outputs_would_be_wrong_are_refused(tmp_path):
+    """A tensor with no place in the model (o_proj's bias, which transformers' Llama has with
+    attention_bias), a pre-quantized checkpoint and a rope whose frequencies change with the
+    length: each is a clear error, not a model that loads and answers wrongly."""
+    import json
+
+    biased = make_tiny_model(tmp_path / "bias", attention_bias=True)
+    with pytest.raises(ValueError, match="o_proj.bias"):
+        LLM(str(biased), dtype="float32", kv_cache_memory=8 << 20)
+    quantized = make_tiny_model(tmp_path / "fp8")
+    config = json.loads((quantized / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8"}
+    (quantized / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="pre-quantized checkpoint .fp8."):
+        LLM(str(quantized), dtype="float32", kv_cache_memory=8 << 20)
+    dynamic = make_tiny_model(tmp_path / "dynamic",
+                              rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(ValueError, match="rope .* is not supported"):
+        LLM(str(dynamic), dtype="float32", kv_cache_memory=8 << 20)
+
+
+def test_shards_are_read_through_their_index_and_a_sliding_window_caps_the_context(tmp_path):
+    """A sharded checkpoint loads through model.safetensors.index.json, and a consolidated
+    copy beside the shards (Mistral's snapshots hold one) is not read as well. Mistral's
+    sliding window, which attention here does not implement, caps the context at its length."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path = make_tiny_model(tmp_path / "mistral", max_shard_size="100KB")
+    assert (path / "model.safetensors.index.json").is_file()
+    whole = {}
+    for f in sorted(path.glob("model-*.safetensors")):
+        whole |= load_file(str(f))
+    save_file(whole, str(path / "consolidated.safetensors"))
+    config = json.loads((path / "config.json").read_text())
+    config |= {"model_type": "mistral", "architectures": ["MistralForCausalLM"],
+               "sliding_window": 64}
+    (path / "config.json").write_text(json.dumps(config))
+    llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
+    assert llm.engine.max_model_len == 64
+    plain = tmp_path / "plain"
+    shutil.copytree(path, plain)
+    (plain / "consolidated.safetensors").unlink()
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    assert (llm.generate([[5, 9, 13]], params)[0].outputs[0].token_ids
+            == LLM(str(plain), dtype="float32", kv_cache_memory=8 << 20)
+            .generate([[5, 9, 13]], params)[0].outputs[0].token_ids)
+
+
 def test_embedded_model_saved_as_hf_directory_round_trips(tmp_path, llm, hf_model):
     """transformers' own export of the GGUF weights, read back through our safetensors path,
     gives the same greedy tokens as the GGUF path."""

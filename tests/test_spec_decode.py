@@ -327,6 +327,22 @@ def _next_token_probs(model, prefixes: torch.Tensor, temperature: float) -> torc
     return (logits / temperature).softmax(-1)
 
 
+def test_a_draft_with_a_shorter_context_drafts_only_within_it(tmp_path):
+    """A draft model whose context ends before the target's (a 2k-token draft for a 4k-token
+    target): requests past its length decode without drafts, instead of indexing past its
+    rotary table (an IndexError that failed the whole engine)."""
+    target = make_tiny_model(tmp_path / "target", seed=2)  # 256 positions
+    short = make_tiny_model(tmp_path / "short", seed=2, max_position_embeddings=24)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompt = [5, 9, 13, 2, 40, 7, 7, 11]
+    want = LLM(str(target), dtype="float32").generate([prompt], params)[0].outputs[0].token_ids
+    spec = LLM(str(target), dtype="float32", speculation_policy="static",
+               speculative_config={"method": "draft", "model": str(short),
+                                   "num_speculative_tokens": 3})
+    assert spec.generate([prompt], params)[0].outputs[0].token_ids == want
+    assert 0 < spec.get_stats()["num_draft_tokens"] < 40
+
+
 def test_random_speculative_sampling_matches_the_target(tmp_path):
     from transformers import AutoModelForCausalLM
 

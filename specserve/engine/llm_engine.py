@@ -136,8 +136,11 @@ class LLMEngine:
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats()
         # Exists exactly when a proposer does.
+        # A draft model with a shorter context than the target's drafts only below it (vLLM's
+        # speculative_max_model_len); longer requests decode without it.
         self.planner: SpeculationPlanner | None = SpeculationPlanner(
-            self.proposer, self.scheduler, self.stats, self.max_model_len) \
+            self.proposer, self.scheduler, self.stats,
+            min(self.max_model_len, self.proposer.max_context or self.max_model_len)) \
             if self.proposer is not None else None
         self.profile_time = 0.0  # start-up profile of the cost model (seconds)
         self._cost_models = None

@@ -4,16 +4,28 @@ from __future__ import annotations
 
 import torch
 
+# Rope types whose frequencies do not depend on the sequence length: one table serves every
+# position. "dynamic" NTK and "longrope" switch frequencies with the length and are refused.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
 
 class RotaryEmbedding:
     def __init__(self, head_dim: int, max_position: int, theta: float, dtype: torch.dtype,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None,
+                 scaling: tuple[tuple[str, object], ...] = ()):
+        """scaling: Hugging Face's rope parameters of a scaled rope (rope_type "linear", "llama3"
+        or "yarn" and their fields); its frequencies and yarn's attention factor come from
+        transformers' own functions, so that they are the reference's."""
         inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        attention_factor = 1.0
+        if scaling:
+            inv_freq, attention_factor = scaled_inv_freq(head_dim, max_position, theta,
+                                                         dict(scaling))
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_position, head_dim]
         # Computed in fp32 and rounded once to the model dtype, as transformers does.
-        self.cos = emb.cos().to(device=device, dtype=dtype)
-        self.sin = emb.sin().to(device=device, dtype=dtype)
+        self.cos = (emb.cos() * attention_factor).to(device=device, dtype=dtype)
+        self.sin = (emb.sin() * attention_factor).to(device=device, dtype=dtype)
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Once per step: [num_tokens, head_dim] cos and sin, shared by every layer."""
@@ -26,3 +38,20 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+def scaled_inv_freq(head_dim: int, max_position: int, theta: float, params: dict
+                    ) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies [head_dim / 2] in fp32, attention factor) of a scaled rope."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope_type = params.get("rope_type")
+    if rope_type not in STATIC_ROPE_TYPES[1:]:
+        raise ValueError(f"rope_type {rope_type!r} is not supported (supported: "
+                         f"{', '.join(STATIC_ROPE_TYPES)})")
+    config = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
+                         max_position_embeddings=max_position,
+                         rope_parameters={**params, "rope_theta": theta})
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    return inv_freq.float(), float(attention_factor)

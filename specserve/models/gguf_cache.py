@@ -50,6 +50,7 @@ def load_converted(
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
             cfg_fields = json.loads(meta["config"])
             cfg_fields["eos_token_ids"] = tuple(cfg_fields["eos_token_ids"])
+            cfg_fields["rope_scaling"] = tuple(map(tuple, cfg_fields.get("rope_scaling", ())))
             raw_types = json.loads(meta["raw_types"])
             raw = {n: (tensors.pop(_RAW + n).numpy(), qtype) for n, qtype in raw_types.items()}
             return ModelConfig(**cfg_fields), tensors, raw

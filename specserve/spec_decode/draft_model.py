@@ -87,6 +87,7 @@ class DraftModelProposer(ModelProposer):
             sd = {k: v for k, v in sd.items()
                   if not k.startswith("layers.") or int(k.split(".")[1]) < spec.draft_layers}
         self.model_config = cfg
+        self.max_context = cfg.max_position
         self.head_ids = None  # vocabulary id of each head row, when the head is reduced
         if loaded.head_token_ids is not None:
             # Build with a (tied) full head, then swap in the reduced one.

@@ -67,7 +67,8 @@ class EagleHead(nn.Module):
         self.lm_head = nn.Linear(h, rows.shape[0], bias=False, dtype=dtype)
         self.lm_head.weight = nn.Parameter(rows.detach().to(dtype), requires_grad=False)
         self.rotary = RotaryEmbedding(self.cfg.head_dim, self.cfg.max_position,
-                                      self.cfg.rope_theta, dtype, head_weight.device)
+                                      self.cfg.rope_theta, dtype, head_weight.device,
+                                      self.cfg.rope_scaling)
 
     @property
     def embed_tokens(self) -> nn.Embedding:

@@ -31,6 +31,9 @@ class Proposer(ABC):
     # Guessing costs nothing and has no state (n-gram): the engine may look the guesses up
     # before choosing K, and plan only for drafts that exist.
     free_lookahead: bool = False
+    # A separate draft model's own context length: no guess is made for a request longer than
+    # it (its rotary table ends there); None: the target's.
+    max_context: int | None = None
 
     def __init__(self) -> None:
         # (tokens, sequences, runs) of each draft forward since the engine last read them; runs:

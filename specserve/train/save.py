@@ -89,6 +89,8 @@ def draft_config(draft: DraftNet, target_name: str, target_embedding: torch.Tens
         "head_dim": c.head_dim,
         "max_position_embeddings": c.max_position,
         "rope_theta": c.rope_theta,
+        **({"rope_parameters": dict(c.rope_scaling) | {"rope_theta": c.rope_theta}}
+           if c.rope_scaling else {}),
         "rms_norm_eps": c.rms_norm_eps,
         "attention_bias": c.attention_bias,  # a Qwen2 target's q/k/v biases are kept
         "tie_word_embeddings": False,  # the head is the draft's own (reduced) copy
