@@ -39,14 +39,18 @@ from specserve.models.llama import DecoderLayer, RMSNorm
 from specserve.train.dense_forward import dense_layers
 
 
+def check_feature_layers(feature_layers: tuple[int, ...], target_layers: int) -> None:
+    if any(not 0 <= i < target_layers - 1 for i in feature_layers):
+        raise ValueError(f"feature_layers {feature_layers} must be target layers below the "
+                         f"last (0..{target_layers - 2})")
+
+
 class EagleHead(nn.Module):
     def __init__(self, target_cfg: ModelConfig, embed_tokens: nn.Embedding,
                  head_weight: torch.Tensor, head_ids: torch.Tensor | None, dtype: torch.dtype,
                  feature_layers: tuple[int, ...] = (), context: int | None = None):
         super().__init__()
-        if any(not 0 <= i < target_cfg.num_layers - 1 for i in feature_layers):
-            raise ValueError(f"feature_layers {feature_layers} must be target layers below the "
-                             f"last (0..{target_cfg.num_layers - 2})")
+        check_feature_layers(feature_layers, target_cfg.num_layers)
         self.cfg = dataclasses.replace(target_cfg, num_layers=1)
         self.dtype = dtype  # fc may become a PackedLinear (no .weight) in bf16
         self.feature_layers = tuple(sorted(set(feature_layers)))  # the order rows hold them in

@@ -35,7 +35,8 @@ def add_train_parser(subparsers) -> None:
     p.add_argument("--reply-temperature", type=float, default=1.0,
                    help="temperature of the sampled replies")
     p.add_argument("--max-context", type=int, default=1024,
-                   help="prompt tokens beyond this are dropped from the left while training")
+                   help="prompt tokens beyond this are dropped from the left while training "
+                        "(held-out prompts are read whole, as served)")
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (default: 5e-4 for draft, 1e-3 for eagle)")
     p.add_argument("--feature-layers", default=None,

@@ -68,7 +68,9 @@ def distill(target: LlamaModel, data: DraftData, cfg: DistillConfig,
     t0 = time.perf_counter()
     train = prepare(teacher if teacher is not None else target, data.train, cfg.max_context,
                     with_hidden=True)
-    held_out = prepare(target, data.held_out, cfg.max_context, with_hidden=False)
+    # Held-out prompts are read whole, as served: their labels are the target's replies to the
+    # whole prompt, which a clipped rag document could not predict.
+    held_out = prepare(target, data.held_out, None, with_hidden=False)
     teacher = None  # its hidden states are cached: free it before training allocates
     head_ids = select_head_ids(_mass_rows(train, cfg.head_mass_positions, rng),
                                target.lm_head.weight.detach(), cfg.head_vocab)

@@ -20,12 +20,15 @@ from specserve.models.llama import LlamaModel
 from specserve.train.dense_forward import dense_layers
 
 
+def check_draft_layers(num_layers: int, target_layers: int) -> None:
+    if not 1 <= num_layers <= target_layers:
+        raise ValueError(f"the draft needs 1..{target_layers} layers, got {num_layers}")
+
+
 class DraftNet(nn.Module):
     def __init__(self, target: LlamaModel, num_layers: int, head_ids: torch.Tensor | None):
         super().__init__()
-        if not 1 <= num_layers <= target.cfg.num_layers:
-            raise ValueError(f"the draft needs 1..{target.cfg.num_layers} layers, "
-                             f"got {num_layers}")
+        check_draft_layers(num_layers, target.cfg.num_layers)
         self.cfg = dataclasses.replace(target.cfg, num_layers=num_layers)
         self.layers = copy.deepcopy(target.layers[:num_layers])
         self.norm = copy.deepcopy(target.norm)

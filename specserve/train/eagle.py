@@ -154,7 +154,8 @@ def head_outputs(head: EagleHead, batch: Sequence[Featured], noise: float = 0.0,
 
 
 def agreement(head: EagleHead, items: Sequence[Featured]) -> dict[str, list[int]]:
-    """Per kind: [positions where the head's first guess is the target's token, positions]."""
+    """Per kind: [positions where the head's first guess is the target's token, positions],
+    the reply's first token left out as in train/report.py (serving never guesses it)."""
     counts: dict[str, list[int]] = {}
     with torch.no_grad():
         for idx in length_batches(items, 8192):
@@ -165,8 +166,8 @@ def agreement(head: EagleHead, items: Sequence[Featured]) -> dict[str, list[int]
             for it, g, lab in zip(batch, guess.split([it.num_positions for it in batch]),
                                   labels.split([it.num_positions for it in batch]), strict=True):
                 c = counts.setdefault(it.kind, [0, 0])
-                c[0] += int((g == lab).sum())
-                c[1] += it.num_positions
+                c[0] += int((g[1:] == lab[1:]).sum())
+                c[1] += it.num_positions - 1
     return counts
 
 
@@ -214,8 +215,9 @@ def train_eagle(target: LlamaModel, train: Sequence[Sample], held: Sequence[Samp
     layers = (default_feature_layers(target.cfg.num_layers) if cfg.feature_layers is None
               else tuple(sorted(set(cfg.feature_layers))))
     train_items = featurize(teacher, train, cfg.max_context, layers, cfg.head_context)
-    # the head's window, as it is served (eagle.EagleSeq)
-    held_out = featurize(teacher, held, cfg.max_context, layers, cfg.head_context)
+    # the head's window, as it is served (eagle.EagleSeq), over features of the whole prompt
+    # (the labels are the target's replies to it)
+    held_out = featurize(teacher, held, None, layers, cfg.head_context)
     teacher = None  # its features are cached: free it before training allocates
     h = target.cfg.hidden_size
     reply_rows = torch.cat([it.features[it.start:len(it.token_ids) - 1, :h]

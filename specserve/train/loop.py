@@ -41,7 +41,8 @@ class BudgetConfig:
     final_lr_fraction: float = 0.1  # the cosine ends here, relative to lr
     batch_tokens: int = 4096  # padded tokens per training batch
     eval_every: int = 20  # steps between held-out evaluations
-    max_context: int | None = 1024  # prompt tokens beyond this are dropped (batches.clip)
+    # Training prompt tokens beyond this are dropped (batches.clip); held-out ones are kept.
+    max_context: int | None = 1024
     head_vocab: int = 8192  # ids in the draft's LM head; 0: the full vocabulary
     head_mass_positions: int = 16384  # reply positions sampled to rank the head's ids
     # bf16 autocast for forward and backward (fp32 master weights); None: where the CPU runs

@@ -5,19 +5,21 @@ from __future__ import annotations
 import dataclasses
 import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from specserve.config import parse_dtype
+from specserve.config import ModelConfig, parse_dtype
 from specserve.layers.linear import pack_linears
 from specserve.models.llama import LlamaModel, build_model
 from specserve.models.loader import load_model
+from specserve.spec_decode.eagle_head import check_feature_layers
 from specserve.spec_decode.eagle_io import save_eagle
 from specserve.train.data import DataConfig, DraftData, PromptItem, build_data
 from specserve.train.distill import DistillConfig, DistillResult, distill
+from specserve.train.draft_net import check_draft_layers
 from specserve.train.eagle import EagleConfig, EagleResult, agreement, eagle_report, train_eagle
 from specserve.train.loop import autocast
 from specserve.train.report import acceptance_report, format_report
@@ -52,14 +54,25 @@ def generate_data(target: str | None, items: Sequence[PromptItem], data_cfg: Dat
 
 
 def _data_and_target(target: str | None, items: Sequence[PromptItem], data_cfg: DataConfig,
-                     seed: int, num_threads: int | None):
-    """The training data (from the engine, which is gone afterwards), then the target loaded
-    again in fp32: (data, loaded, model), the model being what the draft is built from."""
+                     seed: int, num_threads: int | None, check: Callable[[ModelConfig], None]):
+    """The training data (from the engine, which is gone afterwards) and the target loaded
+    again in fp32: (data, loaded, model), the model being what the draft is built from.
+    check(target config) runs first: a setting the target cannot take fails before minutes of
+    generation, not after."""
     if num_threads:
         torch.set_num_threads(num_threads)
-    data = generate_data(target, items, data_cfg, seed, num_threads)
     loaded = load_model(target)
+    check(loaded.config)
+    data = generate_data(target, items, data_cfg, seed, num_threads)
     return data, loaded, build_model(loaded.config, loaded.state_dict, torch.float32)
+
+
+def _check_draft_layers(cfg: DistillConfig) -> Callable[[ModelConfig], None]:
+    return lambda target: check_draft_layers(cfg.num_layers, target.num_layers)
+
+
+def _check_feature_layers(cfg: EagleConfig) -> Callable[[ModelConfig], None]:
+    return lambda target: check_feature_layers(cfg.feature_layers or (), target.num_layers)
 
 
 def _teacher(loaded, model: LlamaModel, dtype: str) -> LlamaModel:
@@ -106,7 +119,8 @@ def train_draft(target: str | None, items: Sequence[PromptItem], out: str | Path
                 num_threads: int | None = None, source: str = "") -> TrainOutcome:
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
-    data, loaded, model = _data_and_target(target, items, data_cfg, cfg.seed, num_threads)
+    data, loaded, model = _data_and_target(target, items, data_cfg, cfg.seed, num_threads,
+                                           _check_draft_layers(cfg))
     result = distill(model, data, cfg, _teacher(loaded, model, data_cfg.dtype))
     with autocast(cfg):
         acceptance = acceptance_report(model, result.draft, result.held_out)
@@ -138,7 +152,8 @@ def train_eagle_head(target: str | None, items: Sequence[PromptItem], out: str |
                      num_threads: int | None = None, source: str = "") -> TrainOutcome:
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
-    data, loaded, model = _data_and_target(target, items, data_cfg, cfg.seed, num_threads)
+    data, loaded, model = _data_and_target(target, items, data_cfg, cfg.seed, num_threads,
+                                           _check_feature_layers(cfg))
     result = train_eagle(model, data.train, data.held_out, cfg,
                          _teacher(loaded, model, data_cfg.dtype))
     with torch.no_grad(), autocast(cfg):

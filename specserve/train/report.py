@@ -2,7 +2,9 @@
 
 Agreement is the fraction of reply positions where the draft's argmax is the target's greedy
 token. It is what greedy speculation accepts position by position (a run of agreements is an
-accepted prefix), so "before" (the plain self-draft of the same N layers, full LM head) against
+accepted prefix). The reply's first token is left out: the target's prefill emits it, and no
+draft ever guesses it when serving (it is often formulaic, "{" or "SELECT", and would flatter
+the figure). So "before" (the plain self-draft of the same N layers, full LM head) against
 "after" (the trained draft) says how much the training bought for each kind of prompt.
 """
 
@@ -32,12 +34,12 @@ def draft_predictor(target: LlamaModel, draft: DraftNet) -> Predictor:
 
 
 def greedy_agreement(predict: Predictor, items: Sequence[Prepared]) -> dict[str, list[int]]:
-    """Per kind: [matching positions, positions]."""
+    """Per kind: [matching positions, positions], the reply's first token left out."""
     counts: dict[str, list[int]] = {}
     for item, pred in predict_rows(predict, items):
         c = counts.setdefault(item.kind, [0, 0])
-        c[0] += int((pred == torch.tensor(item.labels)).sum())
-        c[1] += item.num_positions
+        c[0] += int((pred[1:] == torch.tensor(item.labels[1:])).sum())
+        c[1] += item.num_positions - 1
     return counts
 
 
