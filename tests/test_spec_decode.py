@@ -343,6 +343,52 @@ def test_a_draft_with_a_shorter_context_drafts_only_within_it(tmp_path):
     assert 0 < spec.get_stats()["num_draft_tokens"] < 40
 
 
+def test_a_draft_model_catches_up_a_long_prompt_in_chunks(tmp_path):
+    """Off the CPU kernel (every GPU run) attention materialises its scores, so a draft's
+    catch-up over a whole new prompt runs in chunks, guessing only after the last: the same
+    tokens, and no draft forward longer than a chunk for any sequence."""
+    target = make_tiny_model(tmp_path / "target", seed=2)
+    draft = make_tiny_model(tmp_path / "draft", seed=5)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    prompts = [[(5 * i + j) % 60 + 2 for i in range(30 + 7 * j)] for j in range(3)]
+    want = [o.outputs[0].token_ids
+            for o in LLM(str(target), dtype="float32").generate(prompts, params)]
+    spec = LLM(str(target), dtype="float32", speculation_policy="static",
+               speculative_config={"method": "draft", "model": str(draft),
+                                   "num_speculative_tokens": 3})
+    proposer = spec.engine.proposer
+    proposer.catch_up_chunk = 8
+    runs: list[int] = []
+    prepare = proposer.runner.prepare
+
+    def record(batch):
+        runs.extend(n for _, n in batch)
+        return prepare(batch)
+
+    proposer.runner.prepare = record
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == want
+    assert max(runs) == 8 and spec.get_stats()["num_draft_tokens"] > 0
+
+
+def test_an_explicit_draft_pool_is_paid_once_from_the_budget(tmp_path):
+    """speculative_config's kv_cache_memory sizes the draft's pool: the target's pool gets what
+    is left after the draft's weights and that pool (it was also charged the draft's bytes per
+    target token, as if the draft pool matched its own)."""
+    from specserve.engine.model_runner import kv_bytes_per_token
+
+    target = make_tiny_model(tmp_path / "target", seed=2)
+    draft = make_tiny_model(tmp_path / "draft", seed=5)
+    budget, pool = 8 << 20, 1 << 20
+    engine = LLM(str(target), dtype="float32", kv_cache_memory=budget,
+                 speculative_config={"method": "draft", "model": str(draft),
+                                     "kv_cache_memory": pool}).engine
+    proposer, bs = engine.proposer, engine.block_manager.block_size
+    token = kv_bytes_per_token(engine.model_config, torch.float32)
+    left = budget - proposer.weight_bytes - pool
+    assert engine.block_manager.num_blocks == left // (bs * token)
+    assert proposer.block_manager.num_blocks == pool // (bs * proposer.kv_bytes_per_token)
+
+
 def test_random_speculative_sampling_matches_the_target(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -362,7 +408,7 @@ def test_random_speculative_sampling_matches_the_target(tmp_path):
     tv = 0.5 * (p2 - q2).abs().sum(-1)
     assert float((p1 * tv).sum()) > 0.2
 
-    llm = LLM(str(target_dir), dtype="float32", kv_cache_memory=64 << 20, max_num_seqs=256,
+    llm = LLM(str(target_dir), dtype="float32", kv_cache_memory=128 << 20, max_num_seqs=256,
               speculation_policy="static",
               speculative_config={"method": "draft", "model": str(draft_dir),
                                   "num_speculative_tokens": 2, "kv_cache_memory": 64 << 20})

@@ -109,19 +109,23 @@ class LLMEngine:
         self.spec_config = SpeculativeConfig.from_dict(config.speculative_config)
         self.proposer = build_proposer(self.spec_config, config, self.tokenizer, cache.block_size,
                                        self.model.embed_tokens, lm_head_weight, cfg)
-        draft_weights = self.proposer.weight_bytes if self.proposer else 0
+        draft_fixed = self.proposer.weight_bytes if self.proposer else 0
         draft_per_token = self.proposer.kv_bytes_per_token if self.proposer else 0
+        explicit = getattr(self.proposer, "kv_cache_memory", None)
+        if explicit is not None:  # the draft pool's own size, paid once, not per target token
+            draft_fixed, draft_per_token = draft_fixed + explicit, 0
         token_bytes = kv_bytes_per_token(cfg, kv_dtype)
         budget = cache.kv_cache_memory
         if isinstance(budget, float):
             budget = int(budget * _available_memory(self.device))
         block_bytes = cache.block_size * (token_bytes + draft_per_token)
-        if cache.num_blocks is None and budget - draft_weights < block_bytes:
-            draft = (f"the draft model's weights ({draft_weights / 2**20:.0f} MiB) plus "
-                     if draft_weights else "")
+        if cache.num_blocks is None and budget - draft_fixed < block_bytes:
+            what = "weights and KV pool" if explicit is not None else "weights"
+            draft = f"the draft's {what} ({draft_fixed / 2**20:.0f} MiB) plus " \
+                if draft_fixed else ""
             raise ValueError(f"kv_cache_memory ({budget} bytes) does not cover {draft}one KV "
                              f"block ({block_bytes} bytes): raise kv_cache_memory")
-        num_blocks = cache.num_blocks or max((budget - draft_weights) // block_bytes, 1)
+        num_blocks = cache.num_blocks or max((budget - draft_fixed) // block_bytes, 1)
         self.runner = ModelRunner(self.model, cfg, cache, num_blocks, kv_dtype)
         self.block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         if self.proposer is not None:
@@ -462,6 +466,7 @@ class LLMEngine:
             self.proposer.free(req)
             if req.is_finished:
                 self.spec_policy.forget(req)
+                self.planner.forget(req.request_id)
 
     def _append_and_check(self, req: Request, tokens: list[int]) -> None:
         """Append newly emitted tokens one by one, stopping at the first stop condition (later

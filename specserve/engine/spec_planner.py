@@ -63,6 +63,11 @@ class SpeculationPlanner:
         """Forget the standing plan and the shadow guesses (the policy was switched)."""
         self._idle_plan, self._shadow = None, {}
 
+    def forget(self, request_id: str) -> None:
+        """A request ended: its unused guess must not be scored against a new request that
+        takes its id before the next step (a client-chosen id, aborted and sent again)."""
+        self._shadow.pop(request_id, None)
+
     def take_shadow(self) -> dict[str, int]:
         """The shadow guesses made for the step that just ran, handed over once."""
         shadow, self._shadow = self._shadow, {}

@@ -17,8 +17,8 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     quantization: str | None = None  # the draft's own weight quantization
-    # The draft's own KV pool in bytes; None: as many tokens as the target's pool, both paid
-    # from the engine's kv_cache_memory.
+    # The draft's own KV pool in bytes, paid from the engine's kv_cache_memory before the
+    # target's pool is sized; None: as many tokens as the target's pool, both paid from it.
     kv_cache_memory: int | None = None
 
     def __post_init__(self) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 
 import torch
@@ -42,6 +43,8 @@ from specserve.spec_decode.model_proposer import ModelProposer, ProposerSeq, sta
 from specserve.spec_decode.proposer import Proposal
 
 logger = logging.getLogger(__name__)
+
+CATCH_UP_CHUNK = 512  # tokens per catch-up forward off the CPU kernel (the target's prefill chunk)
 
 
 class DraftSeq(ProposerSeq):
@@ -118,6 +121,7 @@ class DraftModelProposer(ModelProposer):
         self.block_size = block_size
         self.kv_bytes_per_token = kv_bytes_per_token(cfg, dtype)
         self.kv_cache_memory = spec.kv_cache_memory
+        self.catch_up_chunk: int | None = None  # None: decided by the attention path
 
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
         t0 = time.perf_counter()
@@ -129,6 +133,11 @@ class DraftModelProposer(ModelProposer):
         alive = [i for i, k in enumerate(num_tokens) if k > 0]
         seqs = {i: self._seq(reqs[i]) for i in alive}
         bm = self.block_manager
+        # A long catch-up (a new request's whole prompt) runs in chunks where attention
+        # materialises its scores (every path but the CPU kernel): one 32k-token forward would
+        # need tens of GiB there.
+        chunk = self.catch_up_chunk or (sys.maxsize if self.runner.use_kernel
+                                        else CATCH_UP_CHUNK)
         for i in alive:
             seqs[i].spec_token_ids = []
             self._cache_computed(seqs[i])
@@ -139,12 +148,12 @@ class DraftModelProposer(ModelProposer):
                 cached = bm.find_cached_prefix(seq) if not seq.block_ids else []
                 seq.num_computed_tokens += len(cached) * bm.block_size
                 n = seq.num_tokens + len(seq.spec_token_ids) - seq.num_computed_tokens
-                if not bm.allocate(seq, n, cached):
+                if not bm.allocate(seq, min(n, chunk), cached):
                     seq.num_computed_tokens -= len(cached) * bm.block_size
                     alive.remove(i)  # the draft pool is full: this request guesses no further
                     continue
                 self.num_prefix_hit_tokens += len(cached) * bm.block_size
-                batch.append((seq, n))
+                batch.append((seq, min(n, chunk)))
             if not batch:
                 break
             inputs = self.runner.prepare(batch)
@@ -156,14 +165,20 @@ class DraftModelProposer(ModelProposer):
                                        [(seq.num_computed_tokens, n) for seq, n in batch]))
             for seq, n in batch:
                 seq.num_computed_tokens += n
-            tokens, probs = draft_tokens(logits, [seqs[i].req.params for i in alive],
-                                         [seqs[i].generator for i in alive], self.head_ids,
-                                         vocab_size, need_probs)
-            for j, (i, token) in enumerate(zip(alive, tokens.tolist(), strict=True)):
-                proposals[i].append(token)
-                seqs[i].spec_token_ids.append(token)
-                if need_probs:
-                    prob_rows[i].append(probs[j])
+            # alive and batch are in the same order; a sequence still catching up (a chunk
+            # short of its last token) guesses nothing yet.
+            ready = [j for j, (seq, _) in enumerate(batch)
+                     if seq.num_computed_tokens == seq.num_tokens + len(seq.spec_token_ids)]
+            guessing = [alive[j] for j in ready]
+            if guessing:
+                tokens, probs = draft_tokens(logits[ready], [seqs[i].req.params for i in guessing],
+                                             [seqs[i].generator for i in guessing],
+                                             self.head_ids, vocab_size, need_probs)
+                for j, (i, token) in enumerate(zip(guessing, tokens.tolist(), strict=True)):
+                    proposals[i].append(token)
+                    seqs[i].spec_token_ids.append(token)
+                    if need_probs:
+                        prob_rows[i].append(probs[j])
             alive = [i for i in alive if len(proposals[i]) < num_tokens[i]]
         self.time += time.perf_counter() - t0
         return Proposal(proposals, stack_probs(prob_rows, need_probs))
