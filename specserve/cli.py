@@ -141,7 +141,9 @@ def cmd_bench_offline(args: argparse.Namespace) -> None:
     conc = [int(c) for c in args.concurrency.split(",")]
     print(f"model {llm.engine.model_name} dtype {args.dtype} quantization {args.quantization} "
           f"load {llm.engine.load_time:.1f}s KV blocks {llm.engine.block_manager.num_blocks}")
-    results = run_offline(llm, conc, args.input_len, args.output_len, args.compare_hf)
+    # The HF baseline loads the very model the engine runs (and runs on its device).
+    results = run_offline(llm, conc, args.input_len, args.output_len, args.compare_hf,
+                          model=args.model)
     print(format_table(results))
     stats = llm.get_stats()
     if stats["spec_method"]:

@@ -494,3 +494,207 @@ def test_trained_drafts_are_timed_on_the_prompts_they_were_not_trained_on(tmp_pa
                                                      "kv_cache_memory": 32 << 20},
                   isolate=False)
     assert len(lab.workloads["prose"].prompts) == len(unseen_items("prose", [draft]))
+
+
+# ---- review 44: the lab's table, baselines and prompt counts --------------------------------
+def _point(strategy: str, c: int, tok_s: float, tpot_ms: float) -> dict:
+    return {"strategy": strategy, "workload": "prose", "concurrency": c,
+            "runs": [{"output_tok_s": tok_s, "tpot_p50_ms": tpot_ms}]}
+
+
+def _column(table, i: int) -> tuple[str, list[str]]:
+    col = table.columns[i]
+    return col.header, list(col.cells)
+
+
+def test_lab_table_takes_its_columns_from_the_engine_rows_and_divides_per_stream():
+    """hf-prompt-lookup adds a point at concurrency 1 whatever the preset: the @lo columns must
+    still be the engines' lowest (4 here), and tok/s/stream the aggregate over 4 streams / 4."""
+    results = {"machine": {}, "strategies": [
+        {"name": "vanilla", "status": "ok", "kv_blocks_total": 10},
+        {"name": "hf-prompt-lookup", "status": "ok", "target_weight_bytes": 1 << 20}],
+        "points": add_summaries([_point("vanilla", 4, 40.0, 25.0),
+                                 _point("vanilla", 8, 64.0, 30.0),
+                                 _point("hf-prompt-lookup", 1, 9.0, 100.0)])}
+    table = lab_table(results)
+    assert _column(table, 2) == ("TPOT p50 ms @4", ["25.0", "—"])
+    assert _column(table, 3) == ("tok/s/stream @4", ["10.0", "—"])
+    assert _column(table, 4) == ("tok/s @8", ["64.0", "—"])
+    # No engine row (every strategy skipped): the baselines' own concurrencies.
+    results["strategies"] = results["strategies"][1:]
+    assert _column(lab_table(results), 3) == ("tok/s/stream @1", ["9.0"])
+
+
+def test_the_memory_plot_leaves_out_rows_without_measured_memory():
+    from specserve.bench.plots import memory_rows
+
+    rows = [{"name": "vanilla", "status": "ok", "target_weight_bytes": 5, "target_kv_bytes": 7},
+            {"name": "hf-generate", "status": "ok", "target_weight_bytes": 5},
+            {"name": "llama.cpp", "status": "ok"},
+            {"name": "broken", "status": "skipped"}]
+    assert [r["name"] for r in memory_rows(rows)] == ["vanilla"]
+
+
+def test_fewer_prompts_than_the_concurrency_are_raised_to_it_with_a_warning(caplog):
+    from specserve.bench.lab import at_least_concurrency
+
+    preset = Preset("t", ("prose",), (1, 32), num_prompts_override=7)
+    caplog.clear()
+    assert preset.num_prompts(32) == 32  # a point labelled @32 really had 32 in flight
+    assert "7 prompts cannot keep 32 requests in flight" in caplog.text
+    assert preset.num_prompts(1) == 7
+    assert at_least_concurrency(40, 32) == 40
+    assert Preset("t", ("prose",), (16,)).num_prompts(16) == 32  # the default is unchanged
+
+
+def test_online_refuses_zero_repeats(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "online", "--repeats", "0"])
+    assert exc.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
+class FakeLlama:
+    """llama-cpp-python's Llama as the baselines use it: every stream ends with a chunk of no
+    text whose finish_reason is set."""
+
+    def __init__(self, chunks: int = 3):
+        self.chunks = chunks
+        self.calls: list[tuple[bool, int]] = []
+
+    def reset(self) -> None:
+        pass
+
+    def token_eos(self) -> int:
+        return 1
+
+    def create_completion(self, prompt, max_tokens, temperature, stream=False, **kw):
+        self.calls.append((stream, max_tokens))
+        if not stream:
+            return {"choices": [{"text": "a" * self.chunks, "finish_reason": "length"}]}
+        return self._stream()
+
+    def _stream(self):
+        for _ in range(self.chunks):
+            yield {"choices": [{"text": "a", "finish_reason": None}]}
+        yield {"choices": [{"text": "", "finish_reason": "length"}]}
+
+
+def test_llama_cpps_final_empty_chunk_is_not_a_token():
+    from specserve.bench.baselines import run_llama_cpp, token_chunk_times
+
+    assert len(token_chunk_times(FakeLlama(3)._stream())) == 3
+    wl = PreparedWorkload("prose", [[5, 6, 7]], [3])
+    run = run_llama_cpp(FakeLlama(3), wl, num_prompts=2)
+    assert [r["output_tokens"] for r in run["requests"]] == [3, 3]
+    assert run["output_tokens"] == 6
+    one = run_llama_cpp(FakeLlama(1), wl, num_prompts=1)
+    assert one["requests"][0]["output_tokens"] == 1 and one["requests"][0]["tpot_s"] is None
+
+
+class FakeHF:
+    """A transformers model as run_hf uses it: appends max_new_tokens tokens of id 5."""
+
+    device = torch.device("cpu")
+
+    def __init__(self):
+        self.calls: list[tuple[int, int]] = []
+
+    def parameters(self):
+        return [torch.zeros(4)]
+
+    def generate(self, ids, attention_mask, max_new_tokens, **kw):
+        assert ids.device == attention_mask.device == self.device
+        self.calls.append((ids.shape[0], max_new_tokens))
+        return torch.cat([ids, torch.full((ids.shape[0], max_new_tokens), 5)], dim=1)
+
+
+def _baselines_lab(monkeypatch, device: str):
+    from specserve.bench import baselines
+    from specserve.bench.lab import LabRun
+
+    hf, llama, loaded = FakeHF(), FakeLlama(3), {}
+
+    def load_hf(model, dtype, dev):
+        loaded["hf_device"] = dev
+        return hf
+
+    monkeypatch.setattr(baselines, "hf_available", lambda: True)
+    monkeypatch.setattr(baselines, "llama_cpp_available", lambda: True)
+    monkeypatch.setattr(baselines, "load_hf", load_hf)
+    monkeypatch.setattr(baselines, "load_llama_cpp", lambda *a: llama)
+    lab = LabRun(workloads={"prose": PreparedWorkload("prose", [[5, 6, 7], [8, 9]], [3, 2])},
+                 eos_token_ids=(1,))
+    preset = Preset("t", ("prose",), (2,), num_prompts_override=2)
+    done = []
+    baselines.run_baselines(lab, preset, None, torch.float32, None, 0,
+                            lambda desc, n: done.append(n), device=device)
+    assert sum(done) == baselines.num_baseline_points(preset)  # the progress bar's total
+    return lab, hf, llama, loaded
+
+
+def test_baselines_are_warmed_up_before_they_are_timed(monkeypatch):
+    lab, hf, llama, loaded = _baselines_lab(monkeypatch, "cpu")
+    assert loaded["hf_device"] == "cpu"
+    # One untimed 2-token generate on one prompt, then per wave the TTFT probe and the run.
+    assert hf.calls[0] == (1, 2) and hf.calls[1:3] == [(2, 1), (2, 3)]
+    # One untimed completion, then the measured streams.
+    assert llama.calls[0] == (False, 8) and all(stream for stream, _ in llama.calls[1:])
+    assert [s["status"] for s in lab.strategies] == ["ok", "ok", "ok"]
+    (point,) = [p for p in lab.points if p["strategy"] == "llama.cpp"]
+    assert [r["output_tokens"] for r in point["runs"][0]["requests"]] == [3, 3]
+
+
+def test_baselines_follow_the_engines_device_and_skip_llama_cpp_off_the_cpu(monkeypatch):
+    lab, hf, llama, loaded = _baselines_lab(monkeypatch, "cuda:0")
+    assert loaded["hf_device"] == "cuda:0"
+    row = lab.strategies[-1]
+    assert row["name"] == "llama.cpp" and row["status"] == "skipped"
+    assert "CPU" in row["error"] and "cuda:0" in row["error"]
+    assert llama.calls == [] and all(p["strategy"] != "llama.cpp" for p in lab.points)
+
+
+def test_offline_compare_hf_loads_the_engines_own_model(tmp_path, monkeypatch):
+    """A local HF directory: the HF baseline is that model (not the embedded one), on the
+    engine's device, warmed up once before the timed generates."""
+    from tiny_models import make_tiny_model
+
+    from specserve import LLM
+    from specserve.bench import offline
+
+    path = str(make_tiny_model(tmp_path / "tiny"))
+    llm = LLM(path, dtype="float32", kv_cache_memory=8 << 20)
+    calls, models = [], []
+    bench_hf = offline.bench_hf
+
+    def recording(model, prompts, output_len):
+        calls.append((len(prompts), output_len))
+        models.append(model)
+        return bench_hf(model, prompts, output_len)
+
+    monkeypatch.setattr(offline, "bench_hf", recording)
+    results = offline.run_offline(llm, [2], input_len=6, output_len=3, compare_hf=True,
+                                  model=path)
+    assert [r.system for r in results] == ["specserve", "hf-generate"]
+    assert calls == [(1, 2), (2, 3)]  # the untimed warm-up first
+    hf = models[0]
+    assert hf.config.num_hidden_layers == 2 and hf.config.vocab_size == 64
+    assert next(hf.parameters()).device == llm.engine.device
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_the_hf_baseline_from_our_state_dict_is_the_same_model(tmp_path, arch):
+    """The .gguf / embedded path rebuilds transformers' model from our loader's fused weights:
+    it must compute what transformers' own loading of the checkpoint computes (an untied head,
+    Qwen2's q/k/v biases)."""
+    from tiny_models import make_tiny_model
+    from transformers import AutoModelForCausalLM
+
+    from specserve.bench.offline import _hf_from_state_dict
+    from specserve.models.loader import load_model
+
+    path = make_tiny_model(tmp_path / arch, arch=arch)
+    ours = _hf_from_state_dict(load_model(str(path))).eval()
+    theirs = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    ids = torch.tensor([[3, 9, 27, 5, 11]])
+    with torch.inference_mode():
+        torch.testing.assert_close(ours(ids).logits, theirs(ids).logits)

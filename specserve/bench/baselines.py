@@ -1,6 +1,8 @@
 """Other engines on the lab's prompts (`--compare-hf`): Hugging Face `generate` with static
 batching, its prompt-lookup assisted generation at concurrency 1, and llama.cpp at concurrency 1
-when `llama-cpp-python` is installed. Each returns run dicts shaped like the lab's own.
+when `llama-cpp-python` is installed. Each returns run dicts shaped like the lab's own. HF runs
+on the engines' device; llama.cpp runs on the CPU only, so it is skipped beside GPU engines.
+Each is warmed up with one untimed request first, as the engines are.
 
 Static batching has no closed loop: the prompts run in waves of `concurrency`, each wave
 left-padded and decoding until its longest request is done. A wave's TTFT is measured by a
@@ -38,17 +40,19 @@ def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def load_hf(model: str | None, dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM
-
+def load_hf(model: str | None, dtype: torch.dtype, device: str | torch.device = "cpu"):
+    """The lab's model in transformers, on the engine's device: the same reading as `bench
+    offline --compare-hf` (offline.load_hf_model says why a .gguf goes through our loader)."""
     from specserve.bench.offline import load_hf_model
 
-    if model is None:
-        return load_hf_model(dtype).eval()
-    if model.endswith(".gguf"):
-        return AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(model), gguf_file=os.path.basename(model), dtype=dtype).eval()
-    return AutoModelForCausalLM.from_pretrained(model, dtype=dtype).eval()
+    return load_hf_model(dtype, model, device)
+
+
+def warm_up_hf(model, prompt: list[int], pad_id: int) -> None:
+    """One untimed short generate. The first one pays one-time costs (lazy init, kernels for
+    new shapes): run_hf's first TTFT probe would carry them, and through TPOT = (t - ttft) /
+    steps they would also shrink that wave's TPOT. The engine is warmed up too (lab.warm_up)."""
+    _generate(model, [prompt], 2, pad_id, None)
 
 
 def _useful_tokens(row: list[int], eos: set[int], limit: int, ignore_eos: bool) -> int:
@@ -69,6 +73,7 @@ def _generate(model, batch: Sequence[list[int]], max_new: int, pad_id: int,
     for i, p in enumerate(batch):  # left padding: every row's last prompt token lines up
         ids[i, width - len(p):] = torch.tensor(p)
         mask[i, width - len(p):] = 1
+    ids, mask = ids.to(model.device), mask.to(model.device)  # the engine's device, as the model
     kw = dict(do_sample=False, pad_token_id=pad_id, eos_token_id=eos, max_new_tokens=max_new)
     if eos is None:
         kw["min_new_tokens"] = max_new
@@ -119,27 +124,46 @@ def load_llama_cpp(model: str | None, num_threads: int | None, seed: int):
                  seed=seed, verbose=False)
 
 
+def warm_up_llama_cpp(llama, prompt: list[int]) -> None:
+    """One untimed short completion: the first pays the first decode and the page faults of
+    the mmapped GGUF (bench quant warms up the same way)."""
+    llama.reset()
+    llama.create_completion(prompt=prompt, max_tokens=8, temperature=0.0)
+
+
+def token_chunk_times(stream) -> list[float]:
+    """The perf_counter time of each chunk of a llama-cpp-python completion stream that
+    carries a token. Every stream ends with one more chunk, of no text and with its
+    finish_reason set: it carries no token, and counting it would add a token and a ~0 s
+    interval to every request."""
+    times = []
+    for chunk in stream:
+        now = time.perf_counter()
+        choice = chunk["choices"][0]
+        if choice["text"] or choice.get("finish_reason") is None:
+            times.append(now)
+    return times
+
+
 def run_llama_cpp(llama, workload: PreparedWorkload, num_prompts: int,
                   ignore_eos: bool = False) -> dict:
-    """One request at a time through llama-cpp-python's streaming completion (greedy). A stream
-    chunk normally carries one token; a chunk that holds back an incomplete UTF-8 character
-    carries more, so the token count can be a little low."""
+    """One request at a time through llama-cpp-python's streaming completion (greedy). The
+    token count is that of the chunks carrying a token (token_chunk_times): never high, but a
+    little low where a chunk holds back an incomplete UTF-8 character and then carries two,
+    and by one where a request stops on EOS, which llama.cpp does not stream (the engine and
+    HF count it)."""
     records, wall = [], 0.0
     for prompt, max_tokens in workload.take(num_prompts):
         llama.reset()  # no reuse of the previous request's KV cache: cold prefills, like ours
         t0 = time.perf_counter()
-        first = last = None
-        n = 0
         # llama.cpp has no ignore_eos: forbidding the EOS token does the same.
         kw = {"logit_bias": {llama.token_eos(): -1e9}} if ignore_eos else {}
-        for _ in llama.create_completion(prompt=prompt, max_tokens=max_tokens, temperature=0.0,
-                                         stream=True, **kw):
-            last = time.perf_counter()
-            first = first or last
-            n += 1
+        times = token_chunk_times(llama.create_completion(
+            prompt=prompt, max_tokens=max_tokens, temperature=0.0, stream=True, **kw))
         end = time.perf_counter()
-        ttft = (first or end) - t0
-        tpot = (last - first) / (n - 1) if n > 1 else None
+        n = len(times)
+        ttft = (times[0] if times else end) - t0
+        tpot = (times[-1] - times[0]) / (n - 1) if n > 1 else None
         records.append(RequestRecord(len(prompt), n, ttft, tpot, wall, wall + end - t0))
         wall += end - t0
     return {"concurrency": 1, "num_prompts": num_prompts, **latency_figures(records, wall),
@@ -147,9 +171,11 @@ def run_llama_cpp(llama, workload: PreparedWorkload, num_prompts: int,
 
 
 def run_baselines(lab: LabRun, preset: Preset, model: str | None, dtype: torch.dtype,
-                  num_threads: int | None, seed: int, progress: Progress) -> None:
+                  num_threads: int | None, seed: int, progress: Progress,
+                  device: str = "cpu") -> None:
     """Append the other engines' rows and points to the lab (after its own strategies, which
-    rendered the prompts). A missing optional package becomes a 'skipped' row."""
+    rendered the prompts). A missing optional package becomes a 'skipped' row. device: the
+    engines' (--device); HF runs there too, llama.cpp (CPU only here) is skipped elsewhere."""
     # Their generate() takes no grammar: a constrained workload would run unconstrained.
     workloads = [wl for wl in lab.workloads.values() if not wl.structured_outputs]
     if not workloads:
@@ -157,7 +183,8 @@ def run_baselines(lab: LabRun, preset: Preset, model: str | None, dtype: torch.d
     eos = lab.eos_token_ids
     if hf_available():
         progress("hf-generate: loading", 0)
-        hf = load_hf(model, dtype)
+        hf = load_hf(model, dtype, device)
+        warm_up_hf(hf, workloads[0].prompts[0], eos[0] if eos else 0)
         weights = sum(p.nbytes for p in hf.parameters())
         for name in ("hf-generate", "hf-prompt-lookup"):
             lab.strategies.append({"name": name, "status": "ok", "target_weight_bytes": weights})
@@ -178,11 +205,16 @@ def run_baselines(lab: LabRun, preset: Preset, model: str | None, dtype: torch.d
     if llama_cpp_available():
         progress("llama.cpp: loading", 0)
         try:
+            if torch.device(device).type != "cpu":
+                # load_llama_cpp offloads no layers: a CPU row beside the engine's GPU rows.
+                raise ValueError(f"llama.cpp runs on the CPU here (no GPU offload), the engines "
+                                 f"on {device}: not comparable")
             llama = load_llama_cpp(model, num_threads, seed)
         except ValueError as exc:
             lab.strategies.append({"name": "llama.cpp", "status": "skipped", "error": str(exc)})
             progress("llama.cpp: skipped", len(workloads))
             return
+        warm_up_llama_cpp(llama, workloads[0].prompts[0])
         lab.strategies.append({"name": "llama.cpp", "status": "ok"})
         for wl in workloads:
             progress(f"llama.cpp · {wl.name} · c=1", 0)

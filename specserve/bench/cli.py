@@ -20,6 +20,14 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
+def _positive_int(text: str) -> int:
+    """argparse type of --repeats: 0 repetitions would measure nothing and fail at the table."""
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
 def _common_engine_args(p: argparse.ArgumentParser) -> None:
     """The flags every lab/sweep engine shares (each strategy adds its own on top)."""
     from specserve.cli import parse_memory
@@ -139,8 +147,10 @@ def cmd_lab(args: argparse.Namespace) -> None:
         advance = _callback(progress, progress.add_task("lab", total=total))
         lab = run_lab(strategies, preset, common, args.model, advance)
         if args.compare_hf:
-            baselines.run_baselines(lab, preset, args.model, parse_dtype(args.dtype),
-                                    args.num_threads, args.seed, advance)
+            # On the engines' device, and "auto" resolved for it, as the engines' dtype was.
+            baselines.run_baselines(lab, preset, args.model,
+                                    parse_dtype(args.dtype, args.device), args.num_threads,
+                                    args.seed, advance, device=args.device)
     results = {
         "machine": machine,
         "preset": asdict(preset),
@@ -201,11 +211,12 @@ def _add_lab(bench) -> None:
                         "eagle-static, adaptive-eagle (with a trained head), cache+quant "
                         "(default: all)")
     p.add_argument("--concurrency", default=None, help="e.g. 1,32 (default: the preset's)")
-    p.add_argument("--repeats", type=int, default=None,
+    p.add_argument("--repeats", type=_positive_int, default=None,
                    help="repetitions: each builds every strategy again in a fresh process, in "
                         "a rotated order; figures become median [min-max]")
     p.add_argument("--num-prompts", type=int, default=None,
-                   help="prompts per point (default: max(2 x concurrency, 8))")
+                   help="prompts per point (default: max(2 x concurrency, 8); never fewer "
+                        "than the concurrency)")
     p.add_argument("--max-tokens", type=int, default=None, help="cap each item's max_tokens")
     p.add_argument("--compare-hf", action="store_true",
                    help="add Hugging Face generate (static batching, and prompt lookup at "
@@ -293,7 +304,7 @@ def _add_sweep(bench) -> None:
 
 # ---- online -------------------------------------------------------------------------------------
 def cmd_online(args: argparse.Namespace) -> None:
-    from specserve.bench.lab import prepare_workload, run_workload, warm_up
+    from specserve.bench.lab import at_least_concurrency, prepare_workload, run_workload, warm_up
     from specserve.bench.machine import describe_machine
     from specserve.bench.online import CLIENT_ERRORS, OnlineError, run_client, run_online_point
     from specserve.bench.report import online_table, paired_ratio, write_json
@@ -319,7 +330,7 @@ def cmd_online(args: argparse.Namespace) -> None:
     rows = []
     try:
         for i, c in enumerate(conc):
-            n = args.num_prompts or max(2 * c, 8)
+            n = at_least_concurrency(args.num_prompts, c) if args.num_prompts else max(2 * c, 8)
             runs: dict[str, list[dict]] = {"online": [], "offline": []}
             # Online and offline alternate, which one goes first swapping every round: this
             # machine's speed drifts by 10-30% over seconds, so only a round's two runs share
@@ -363,7 +374,8 @@ def _add_online(bench) -> None:
     p.add_argument("--workload", default="prose")
     p.add_argument("--concurrency", default="1,8,32")
     p.add_argument("--num-prompts", type=int, default=None,
-                   help="per concurrency (default: max(2 x concurrency, 8))")
+                   help="per concurrency (default: max(2 x concurrency, 8); never fewer "
+                        "than the concurrency)")
     p.add_argument("--max-tokens", type=int, default=None, help="cap each item's max_tokens")
     p.add_argument("--api-key", default=os.environ.get("SPECSERVE_API_KEY"))
     p.add_argument("--model", dest="served_model", default=None,
@@ -374,7 +386,7 @@ def _add_online(bench) -> None:
     p.add_argument("--out", default=None, help="write the results to this JSON file")
     p.add_argument("--compare-offline", action="store_true",
                    help="also run the same points in-process with the engine flags below")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=_positive_int, default=1,
                    help="runs per point (online and offline alternating); the median run is "
                         "shown, and with --compare-offline the median of per-round ratios "
                         "(many short runs resolve a few %% here: e.g. --repeats 30 "
@@ -421,7 +433,7 @@ def _add_quant(bench) -> None:
     p.add_argument("--ppl-tokens", type=int, default=4096)
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--no-llama-cpp", action="store_true")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=_positive_int, default=1,
                    help="repetitions (rotated order, each mode in a fresh process); medians")
     p.add_argument("--out", default=None, help="write the results to this JSON file")
     p.set_defaults(func=cmd_quant)

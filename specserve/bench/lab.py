@@ -26,7 +26,10 @@ only difference from the baseline; `cache+quant` is the one with prefix caching 
 
 from __future__ import annotations
 
+import functools
 import gc
+import logging
+import multiprocessing
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
@@ -53,6 +56,7 @@ _MEMORY = {"target_weight_bytes": "weight_bytes", "target_kv_bytes": "kv_cache_b
            "draft_weight_bytes": "draft_weight_bytes", "draft_kv_bytes": "draft_kv_cache_bytes",
            "kv_blocks_total": "kv_blocks_total"}
 _STUCK_STEPS = 10_000  # consecutive steps with no output: the engine cannot make progress
+logger = logging.getLogger("specserve")
 
 
 # ---- per-request records and the figures computed from them -------------------------------------
@@ -255,6 +259,22 @@ def _record(out, t0: float) -> RequestRecord:
 
 
 # ---- strategies and presets ---------------------------------------------------------------------
+def at_least_concurrency(num_prompts: int, concurrency: int) -> int:
+    """An asked-for number of prompts, raised to the concurrency: with fewer, a point labelled
+    @32 would never have 32 requests in flight. Warned once per pair, by the main process
+    only: the lab's spawned workers run the same preset, and the main one has already warned
+    (estimate_seconds asks for every point first)."""
+    if num_prompts < concurrency and multiprocessing.parent_process() is None:
+        _warn_too_few_prompts(num_prompts, concurrency)
+    return max(num_prompts, concurrency)
+
+
+@functools.cache
+def _warn_too_few_prompts(num_prompts: int, concurrency: int) -> None:
+    logger.warning("%d prompts cannot keep %d requests in flight: running %d at concurrency %d",
+                   num_prompts, concurrency, concurrency, concurrency)
+
+
 @dataclass(frozen=True)
 class Strategy:
     name: str
@@ -342,7 +362,7 @@ class Preset:
 
     def num_prompts(self, concurrency: int) -> int:
         if self.num_prompts_override:
-            return self.num_prompts_override
+            return at_least_concurrency(self.num_prompts_override, concurrency)
         n = max(self.prompts_factor * concurrency, self.min_prompts)
         # Never fewer prompts than the concurrency: the point would not reach it.
         return max(min(n, self.max_prompts), concurrency) if self.max_prompts else n

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -70,8 +71,9 @@ def bench_engine(llm: LLM, prompts: list[list[int]], output_len: int) -> BenchRe
 
 def bench_hf(model, prompts: list[list[int]], output_len: int) -> BenchResult:
     """Hugging Face `generate` with static batching (all prompts have the same length, so no
-    padding is involved). TTFT is the time of a 1-token generate on the same batch."""
-    ids = torch.tensor(prompts)
+    padding is involved). TTFT is the time of a 1-token generate on the same batch. The inputs
+    go to the model's device: on another device than the engine's the rows would not compare."""
+    ids = torch.tensor(prompts, device=model.device)
     kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
     with torch.inference_mode():
         t0 = time.perf_counter()
@@ -128,33 +130,57 @@ def load_hf_gguf_model(dtype: torch.dtype = torch.float32):
     return model.to(dtype)
 
 
-def load_hf_model(dtype: torch.dtype, model: str | None = None):
-    """A dense Hugging Face model for the speed baseline. Recent transformers keep GGUF weights
-    packed and compute in fp32, which is not the "HF bf16" baseline we compare against, so the
-    embedded model's dequantized weights go into transformers' own LlamaForCausalLM."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+def load_hf_model(dtype: torch.dtype, model: str | None = None,
+                  device: str | torch.device = "cpu"):
+    """A dense Hugging Face model of the engine's own model, for the speed baseline, on the
+    engine's device. A local HF directory loads through transformers. None (the embedded model)
+    or a .gguf file goes through our loader's dequantized weights into transformers' own model
+    class: recent transformers keep GGUF weights packed and compute in fp32, which is not the
+    "HF bf16" baseline we compare against."""
+    from transformers import AutoModelForCausalLM
 
     from specserve.models.loader import load_model
 
-    if model is not None:
-        return AutoModelForCausalLM.from_pretrained(model, dtype=dtype, local_files_only=True)
-    loaded = load_model(None)
+    path = None if model is None else Path(model).expanduser()
+    if path is not None and path.is_dir():
+        hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+    else:
+        hf = _hf_from_state_dict(load_model(model)).to(dtype)
+    return hf.to(device).eval()
+
+
+def _hf_from_state_dict(loaded):
+    """transformers' LlamaForCausalLM / Qwen2ForCausalLM holding a LoadedModel's weights
+    (ours fuse q/k/v and gate/up: split back)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
     c = loaded.config
-    hf = LlamaForCausalLM(LlamaConfig(
+    if c.architecture == "llama" and c.attention_bias:
+        # LlamaConfig's attention_bias also puts a bias on o_proj, which we would leave random.
+        raise ValueError(f"{loaded.path}: a llama model with q/k/v biases has no Hugging Face "
+                         "equivalent for the baseline")
+    config_cls, model_cls = ((Qwen2Config, Qwen2ForCausalLM) if c.architecture == "qwen2"
+                             else (LlamaConfig, LlamaForCausalLM))
+    hf = model_cls(config_cls(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads, max_position_embeddings=c.max_position,
-        rope_theta=c.rope_theta, rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=True))
+        num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim,
+        max_position_embeddings=c.max_position, rope_theta=c.rope_theta,
+        rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=c.tie_word_embeddings))
     sd = loaded.state_dict
     hf_sd = {"model.embed_tokens.weight": sd["embed_tokens.weight"],
              "model.norm.weight": sd["norm.weight"]}
+    if not c.tie_word_embeddings:
+        hf_sd["lm_head.weight"] = sd["lm_head.weight"]
     for i in range(c.num_layers):
         p, h = f"layers.{i}.", f"model.layers.{i}."
-        q, k, v = sd[p + "attn.qkv_proj.weight"].split([c.q_size, c.kv_size, c.kv_size])
+        sizes = [c.q_size, c.kv_size, c.kv_size]
+        for kind in ("weight", "bias") if c.attention_bias else ("weight",):
+            q, k, v = sd[p + f"attn.qkv_proj.{kind}"].split(sizes)
+            hf_sd.update({h + f"self_attn.q_proj.{kind}": q, h + f"self_attn.k_proj.{kind}": k,
+                          h + f"self_attn.v_proj.{kind}": v})
         gate, up = sd[p + "mlp.gate_up_proj.weight"].chunk(2)
         hf_sd.update({
-            h + "self_attn.q_proj.weight": q, h + "self_attn.k_proj.weight": k,
-            h + "self_attn.v_proj.weight": v,
             h + "self_attn.o_proj.weight": sd[p + "attn.o_proj.weight"],
             h + "mlp.gate_proj.weight": gate, h + "mlp.up_proj.weight": up,
             h + "mlp.down_proj.weight": sd[p + "mlp.down_proj.weight"],
@@ -162,16 +188,23 @@ def load_hf_model(dtype: torch.dtype, model: str | None = None):
             h + "post_attention_layernorm.weight": sd[p + "post_attn_norm.weight"]})
     hf.load_state_dict(hf_sd, strict=False)
     hf.tie_weights()
-    return hf.to(dtype).eval()
+    return hf
 
 
 def run_offline(llm: LLM, concurrencies: list[int], input_len: int, output_len: int,
-                compare_hf: bool = False) -> list[BenchResult]:
+                compare_hf: bool = False, model: str | None = None) -> list[BenchResult]:
+    """model: what the engine was built from (its `model` argument), which the HF baseline
+    loads too: the prompts are token ids of that model's tokenizer."""
     prompts = make_prompts(llm.get_tokenizer(), max(concurrencies), input_len)
     llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4))  # warm-up
     # Prefix caching would let later waves skip their prefills; measure cold prefills.
     results = []
-    hf = load_hf_model(llm.engine.dtype) if compare_hf else None
+    hf = load_hf_model(llm.engine.dtype, model, llm.engine.device) if compare_hf else None
+    if hf is not None:
+        # Untimed: the first generate pays one-time costs (lazy init, kernels for new shapes),
+        # which would inflate the first TTFT probe and, through TPOT = (wall - ttft) / steps,
+        # shrink that level's TPOT; the engine was warmed up above too.
+        bench_hf(hf, prompts[:1], 2)
     for c in concurrencies:
         llm.engine.reset_prefix_cache()
         results.append(bench_engine(llm, prompts[:c], output_len))

@@ -103,10 +103,17 @@ def acceptance_plot(results: dict, path: Path) -> Path:
     return path
 
 
+def memory_rows(strategies: Sequence[dict]) -> list[dict]:
+    """The strategies whose memory was measured (target_kv_bytes: the engine's rows). The
+    baselines' KV is not measured, and llama.cpp's weights neither: drawn, they would read as
+    zero bytes beside the engine's preallocated pool (the table shows them as "—")."""
+    return [s for s in strategies if s["status"] == "ok" and s.get("target_kv_bytes")]
+
+
 def memory_plot(results: dict, path: Path) -> Path:
     """Stacked bars per strategy: target weights, target KV pool, draft weights, draft KV."""
     plt = _pyplot()
-    rows = [s for s in results["strategies"] if s["status"] == "ok"]
+    rows = memory_rows(results["strategies"])
     parts = [("target weights", "target_weight_bytes"), ("target KV", "target_kv_bytes"),
              ("draft weights", "draft_weight_bytes"), ("draft KV", "draft_kv_bytes")]
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(rows)), 4))

@@ -62,7 +62,8 @@ def greedy_outputs(llm: LLM, num_prompts: int, max_tokens: int) -> list[list[int
 
 def run_quality(configs: list[dict], num_tokens: int = 8192, num_prompts: int = 16,
                 max_tokens: int = 64, **engine_kwargs) -> list[dict]:
-    """configs: engine kwargs per row, the first being the reference (bf16)."""
+    """configs: engine kwargs per row, the first being the reference (in engine_kwargs'
+    dtype, which each row records)."""
     rows, reference = [], None
     text_ids: list[int] | None = None
     for cfg in configs:
@@ -75,7 +76,8 @@ def run_quality(configs: list[dict], num_tokens: int = 8192, num_prompts: int = 
             reference = {"ppl": ppl, "outs": outs}
         div = [first_divergence(a, b) for a, b in zip(outs, reference["outs"], strict=True)]
         rows.append({
-            "config": cfg, "weight_mb": llm.engine.weight_bytes / 1e6,
+            "config": cfg, "dtype": str(llm.engine.dtype).split(".")[-1],
+            "weight_mb": llm.engine.weight_bytes / 1e6,
             "kv_blocks": llm.engine.block_manager.num_blocks, "perplexity": ppl,
             "ppl_change_pct": 100 * (ppl / reference["ppl"] - 1),
             "first_divergence_mean": statistics.mean(div),
@@ -88,7 +90,9 @@ def format_quality(rows: list[dict]) -> str:
     lines = [f"{'config':<40} {'weights MB':>10} {'KV blocks':>9} {'ppl':>8} {'Δppl %':>7} "
              f"{'diverge@ (mean/min)':>20}"]
     for r in rows:
-        name = ", ".join(f"{k}={v}" for k, v in r["config"].items()) or "bf16 (reference)"
+        # The reference runs in --dtype ("auto" is fp32 on some CPUs): say which.
+        name = (", ".join(f"{k}={v}" for k, v in r["config"].items())
+                or f"{r.get('dtype', 'unknown dtype')} (reference)")
         lines.append(f"{name:<40} {r['weight_mb']:>10.1f} {r['kv_blocks']:>9} "
                      f"{r['perplexity']:>8.3f} {r['ppl_change_pct']:>+7.2f} "
                      f"{r['first_divergence_mean']:>12.1f}/{r['first_divergence_min']}")

@@ -52,8 +52,11 @@ def _measure_mode(name: str, settings: QuantSettings, progress: Progress) -> dic
 
     progress(f"{name}: loading", 0)
     t0 = time.perf_counter()
+    # Prefix caching off: the warm-up's prompt is the c=1 series' first, and the batch reuses
+    # the c=1 prompts, whose prefills the cache would skip; llama.cpp pays every prefill
+    # (llama.reset()). Off rather than reset between series, so no series can ever hit it.
     llm = LLM(kv_cache_memory=settings.kv_cache_memory, num_threads=settings.num_threads,
-              **MODES[name])
+              enable_prefix_caching=False, **MODES[name])
     load_s = time.perf_counter() - t0
     engine = llm.engine
     blocks, block_size = engine.block_manager.num_blocks, engine.config.cache.block_size
@@ -67,7 +70,7 @@ def _measure_mode(name: str, settings: QuantSettings, progress: Progress) -> dic
     for p in prompts[:settings.num_sequential]:
         r = bench_engine(llm, [p], settings.output_len)
         tokens, wall = tokens + r.output_tok_s * r.wall_s, wall + r.wall_s
-        tpots.append(r.tpot_p50_ms)
+        tpots.append(r.tpot_p50_ms if settings.output_len > 1 else None)  # 1 token: no TPOT
     progress(f"{name}: concurrency {settings.batch}", 0)
     batch = bench_engine(llm, prompts[:settings.batch], settings.output_len)
     progress(f"{name}: done", 1)
@@ -76,25 +79,27 @@ def _measure_mode(name: str, settings: QuantSettings, progress: Progress) -> dic
             "weight_bytes": engine.weight_bytes, "kv_cache_bytes": engine.runner.kv_cache_bytes,
             "kv_blocks": blocks, "max_1k_seqs": blocks * block_size // SEQ_LEN,
             "perplexity": ppl, "tok_s_c1": tokens / wall, "tok_s_batch": batch.output_tok_s,
-            "decode_tok_s_c1": 1e3 / statistics.median(tpots),
+            "decode_tok_s_c1": per_second(tpots),
             "prompts_c1": prompts[:settings.num_sequential]}
 
 
 def _measure_llama_cpp(prompts: list[list[int]], settings: QuantSettings,
                        progress: Progress) -> dict:
-    from specserve.bench.baselines import load_llama_cpp
+    from specserve.bench.baselines import load_llama_cpp, token_chunk_times
 
     progress("llama.cpp: loading", 0)
     llama = load_llama_cpp(None, settings.num_threads, seed=0)
     ban_eos = {llama.token_eos(): -1e9}  # llama.cpp has no ignore_eos
 
-    def run(prompt: list[int], max_tokens: int) -> tuple[int, float]:
-        """Streams one request: (tokens, time per output token after the first)."""
+    def run(prompt: list[int], max_tokens: int) -> tuple[int, float | None]:
+        """Streams one request: (tokens, ms per output token after the first, None for one)."""
         llama.reset()  # cold prefill, as ours
-        stamps = [time.perf_counter() for _ in llama.create_completion(
+        # Only the chunks that carry a token: the stream's final chunk carries none.
+        stamps = token_chunk_times(llama.create_completion(
             prompt=prompt, max_tokens=max_tokens, temperature=0.0, logit_bias=ban_eos,
-            stream=True)]
-        return len(stamps), (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
+            stream=True))
+        n = len(stamps)
+        return n, (stamps[-1] - stamps[0]) * 1e3 / (n - 1) if n > 1 else None
 
     run(prompts[0], 8)  # warm-up
     progress("llama.cpp: concurrency 1", 0)
@@ -104,20 +109,30 @@ def _measure_llama_cpp(prompts: list[list[int]], settings: QuantSettings,
         tokens, tpots = tokens + n, tpots + [tpot]
     progress("llama.cpp: done", 1)
     return {"mode": "llama.cpp (gguf Q4_1)", "tok_s_c1": tokens / (time.perf_counter() - t0),
-            "decode_tok_s_c1": 1 / statistics.median(tpots),
+            "decode_tok_s_c1": per_second(tpots),
             "num_threads": settings.num_threads or os.cpu_count()}
+
+
+def per_second(tpots_ms: list[float | None]) -> float | None:
+    """Decode tok/s from the requests' times per output token (ms): None where none had a
+    second token (--output-len 1, a one-chunk llama.cpp reply) or the median is 0, instead of
+    a ZeroDivisionError."""
+    xs = [t for t in tpots_ms if t is not None]
+    mid = statistics.median(xs) if xs else 0.0
+    return 1e3 / mid if mid > 0 else None
 
 
 SPEEDS = ("tok_s_c1", "decode_tok_s_c1", "tok_s_batch")
 
 
 def _median_of(reps: list[dict]) -> dict:
-    """One row from repetitions of a mode: the median of each speed, the rest from the first
-    (deterministic), and every repetition's speeds kept."""
+    """One row from repetitions of a mode: the median of each speed (None where no repetition
+    has it), the rest from the first (deterministic), and every repetition's speeds kept."""
     row = dict(reps[0])
     for key in SPEEDS:
         if key in row:
-            row[key] = statistics.median(r[key] for r in reps)
+            xs = [r[key] for r in reps if r[key] is not None]
+            row[key] = statistics.median(xs) if xs else None
     row["repetitions"] = [{k: r[k] for k in SPEEDS if k in r} for r in reps]
     return row
 
@@ -148,6 +163,15 @@ def run_quant_bench(modes: list[str], settings: QuantSettings, progress: Progres
             "llama_cpp": _median_of(runs["llama.cpp"]) if "llama.cpp" in runs else None}
 
 
+def _num(v: float | None, spec: str) -> str:
+    """A figure that may be missing (None: no second token to time)."""
+    return "—" if v is None else format(v, spec)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "—"
+
+
 def format_quant(result: dict) -> str:
     s = result["settings"]
     rows = result["rows"]
@@ -157,18 +181,18 @@ def format_quant(result: dict) -> str:
              f"{'ppl':>8} {'Δppl %':>7} {'tok/s @1':>8} {'decode @1':>9} "
              f"{'tok/s @' + str(s['batch']):>9} {'@1 vs llama.cpp':>15}"]
     for r in rows:
-        vs = (f"{r['tok_s_c1'] / lcpp['tok_s_c1']:.2f}x / "
-              f"{r['decode_tok_s_c1'] / lcpp['decode_tok_s_c1']:.2f}x" if lcpp else "-")
+        vs = (f"{_ratio(r['tok_s_c1'], lcpp['tok_s_c1'])} / "
+              f"{_ratio(r['decode_tok_s_c1'], lcpp['decode_tok_s_c1'])}" if lcpp else "-")
         lines.append(
             f"{r['mode']:<22} {r.get('dtype', ''):>8} {r['weight_bytes'] / 2**20:>11.1f} "
             f"{r['kv_blocks']:>9} "
             f"{r['max_1k_seqs']:>7} {r['perplexity']:>8.3f} "
             f"{100 * (r['perplexity'] / ref['perplexity'] - 1):>+7.2f} {r['tok_s_c1']:>8.1f} "
-            f"{r['decode_tok_s_c1']:>9.1f} {r['tok_s_batch']:>9.1f} {vs:>15}")
+            f"{_num(r['decode_tok_s_c1'], '.1f'):>9} {r['tok_s_batch']:>9.1f} {vs:>15}")
     if lcpp:
         lines.append(f"{lcpp['mode']:<22} {'':>8} {'':>11} {'':>9} {'':>7} {'':>8} {'':>7} "
-                     f"{lcpp['tok_s_c1']:>8.1f} {lcpp['decode_tok_s_c1']:>9.1f} {'':>9} "
-                     f"{'1.00x / 1.00x':>15}")
+                     f"{lcpp['tok_s_c1']:>8.1f} {_num(lcpp['decode_tok_s_c1'], '.1f'):>9} "
+                     f"{'':>9} {'1.00x / 1.00x':>15}")
     else:
         lines.append("llama.cpp: not measured (pip install -e '.[peers]' adds llama-cpp-python)")
     lines.append(f"median of {result.get('repeats', 1)} repetition(s); "

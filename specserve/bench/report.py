@@ -100,11 +100,21 @@ def _find(points: Sequence[dict], strategy: str, workload: str, c: int) -> dict 
                  == (strategy, workload, c)), None)
 
 
-def lab_table(results: dict) -> Table:
-    """Strategy x workload: single-stream speed at the lowest concurrency, throughput and TTFT
-    at the highest, speculation, memory and preemptions."""
+def _engine_concurrencies(results: dict) -> list[int]:
+    """The concurrencies the engine's strategies ran (the rows with a KV pool): the baselines
+    add points at 1 whatever the preset says, which would leave every engine row's @lo blank.
+    All points' where there is no engine row."""
+    engines = {s["name"] for s in results["strategies"] if s.get("kv_blocks_total")}
     points = results["points"]
-    conc = sorted({p["concurrency"] for p in points}) or [1]
+    ours = [p for p in points if p["strategy"] in engines] or points
+    return sorted({p["concurrency"] for p in ours}) or [1]
+
+
+def lab_table(results: dict) -> Table:
+    """Strategy x workload: per-stream speed at the engines' lowest concurrency, throughput and
+    TTFT at their highest, speculation, memory and preemptions."""
+    points = results["points"]
+    conc = _engine_concurrencies(results)
     lo, hi = conc[0], conc[-1]
     t = Table(title=f"specserve bench lab — {results['machine'].get('cpu_model', '')}")
     for name, justify in [("strategy", "left"), ("workload", "left"),
@@ -132,7 +142,9 @@ def lab_table(results: dict) -> Table:
             ttft = f"{fmt(hs.get('ttft_p50_ms'), 0)}/{fmt(hs.get('ttft_p99_ms'), 0)}" if hs \
                 else "—"
             t.add_row(
-                s["name"], w, fmt(ls.get("tpot_p50_ms"), 1), fmt(ls.get("output_tok_s"), 1),
+                # output_tok_s is the aggregate over lo streams: per stream is 1/lo of it.
+                s["name"], w, fmt(ls.get("tpot_p50_ms"), 1),
+                fmt(ls.get("output_tok_s"), 1, scale=1 / lo),
                 _tput_entry(hs.get("output_tok_s")), ttft,
                 "—" if acc is None else f"{acc:.2f}", "—" if mal is None else f"{mal:.2f}",
                 f"{_mb(s.get('target_weight_bytes'))}+{_mb(s.get('target_kv_bytes'))}",
