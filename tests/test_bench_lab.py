@@ -507,6 +507,10 @@ def _column(table, i: int) -> tuple[str, list[str]]:
     return col.header, list(col.cells)
 
 
+def add_summaries_again(results: dict) -> dict:
+    return {**results, "points": add_summaries(results["points"])}
+
+
 def test_lab_table_takes_its_columns_from_the_engine_rows_and_divides_per_stream():
     """hf-prompt-lookup adds a point at concurrency 1 whatever the preset: the @lo columns must
     still be the engines' lowest (4 here), and tok/s/stream the aggregate over 4 streams / 4."""
@@ -520,6 +524,9 @@ def test_lab_table_takes_its_columns_from_the_engine_rows_and_divides_per_stream
     assert _column(table, 2) == ("TPOT p50 ms @4", ["25.0", "—"])
     assert _column(table, 3) == ("tok/s/stream @4", ["10.0", "—"])
     assert _column(table, 4) == ("tok/s @8", ["64.0", "—"])
+    assert _column(table, 6) == ("prefix hit % @8", ["—", "—"])  # no prefix caching
+    results["points"][1]["runs"][0]["prefix_cache_hit_rate"] = 0.625  # repeats hit the cache
+    assert _column(lab_table(add_summaries_again(results)), 6)[1] == ["62", "—"]
     # No engine row (every strategy skipped): the baselines' own concurrencies.
     results["strategies"] = results["strategies"][1:]
     assert _column(lab_table(results), 3) == ("tok/s/stream @1", ["9.0"])
