@@ -151,12 +151,16 @@ def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
         architecture=arch,
     )
 
+    used: set[str] = set()
+
     def raw(n: str) -> tuple[np.ndarray, str]:
         t = tensors[n]
+        used.add(n)
         return np.asarray(t.data), t.tensor_type.name
 
     def dense(n: str) -> np.ndarray:
         t = tensors[n]
+        used.add(n)
         w = np.array(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)  # a copy
         return w.reshape([int(d) for d in reversed(t.shape)]) if w.ndim == 1 and len(t.shape) > 1 \
             else w
@@ -200,6 +204,10 @@ def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
         if tg == tu:
             raw_q[p + "mlp.gate_up_proj"] = (np.concatenate([rg, ru]), tg)
         raw_q[p + "mlp.down_proj"] = raw(b + "ffn_down.weight")
+    unused = sorted(set(tensors) - used)
+    if unused:  # attn_output.bias, say: dropped, the outputs would be wrong
+        raise ValueError(f"{path}: {len(unused)} tensors have no place in the model specserve "
+                         f"runs: {', '.join(unused[:6])}")
     return cfg, sd, raw_q
 
 
