@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from specserve import LLM, SamplingParams
+from specserve.engine.request import Request
 from specserve.spec_decode.acceptance import (
     MIN_SCORED_TRIALS,
     PRIOR_TRIALS,
@@ -914,6 +915,16 @@ def test_policy_parsing():
         build_policy("sometimes", 4)
     with pytest.raises(ValueError, match="bad schedule"):
         build_policy("schedule:x", 4)
+    # A negative K sliced the guesses from the end (len - 1 drafts for "none"); a negative
+    # threshold, K_max 0 (static:0 ran K = 4) and a per-request K past the engine's are not
+    # what was asked for.
+    for bad in ("schedule:1=-1", "schedule:0=2", "batch-threshold:-3", "batch-threshold:x"):
+        with pytest.raises(ValueError, match="bad"):
+            build_policy(bad, 4)
+    with pytest.raises(ValueError, match="K_max must be >= 1"):
+        build_policy("static", 0)
+    req = Request("r", [1, 2], SamplingParams(num_speculative_tokens=16))
+    assert build_policy("static", 4).request_k_max(req) == 4
 
 
 # ---- the engine under each policy ------------------------------------------------------------

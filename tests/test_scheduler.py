@@ -439,6 +439,20 @@ def test_spec_tokens_are_capped_by_the_budget():
     assert scheduled_ids(sched.schedule()) == [("r", 4)]
 
 
+def test_drafts_leave_a_decode_token_for_every_request_behind():
+    """With a budget the drafts alone could fill, the front requests' drafts used it up every
+    step: the requests behind kept their unverified drafts, were never proposed for again, and
+    got no token until the front ones finished. Now each request behind keeps its decode
+    token; the drafts share what is left, front first."""
+    sched, _ = make_sched(budget=16)
+    reqs = [_decoding(sched, f"r{i}", 3) for i in range(8)]  # 8 decoding requests
+    for r in reqs:
+        r.spec_token_ids = [1, 2, 3, 4]
+    out = sched.schedule()
+    assert [n for _, n in out.scheduled] == [5, 5, 1, 1, 1, 1, 1, 1]  # 16 = 8 + 8 drafts
+    assert out.total_num_tokens == 16
+
+
 def test_spec_tokens_of_an_unfinished_prefill_are_dropped():
     sched, _ = make_sched(budget=100, chunk=4)
     r = make_req("r", toks(1, 10))

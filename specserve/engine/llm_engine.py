@@ -165,7 +165,7 @@ class LLMEngine:
                                "no proposer, and grammar-forced drafts run under any policy "
                                "but off", name)
             return None
-        k_max = k_max or self.spec_config.num_speculative_tokens
+        k_max = self.spec_config.num_speculative_tokens if k_max is None else k_max
         if name != "adaptive":
             return build_policy(name, k_max)
         if self._cost_models is None:  # profiled once per engine, kept across policy switches

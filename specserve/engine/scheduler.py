@@ -68,21 +68,30 @@ class Scheduler:
         cfg, bm = self.config, self.block_manager
         out = SchedulerOutput()
         budget = cfg.max_num_batched_tokens
+        # Drafts never take the next token of a request behind: served in this order every
+        # step, the front requests' drafts would use up the budget again and again, and the
+        # requests behind (still holding their unverified drafts, so never proposed for anew)
+        # would wait until the front ones finished.
+        behind = sum(r.num_computed_tokens < r.num_tokens for r in self.running)
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
+            behind -= req.num_computed_tokens < req.num_tokens
             num_new = req.num_tokens + len(req.spec_token_ids) - req.num_computed_tokens
             num_new = min(num_new, budget, cfg.long_prefill_token_threshold)
             if num_new <= 0:
                 i += 1
                 continue
+            known = req.num_tokens - req.num_computed_tokens
+            if num_new > known:  # drafts: what the requests behind leave
+                num_new = max(min(num_new, budget - behind), min(known, num_new))
             # Prefill chunks must not swallow draft tokens meant for a later verify step.
             if req.num_computed_tokens + num_new < req.num_tokens:
                 req.spec_token_ids = []
             # Drafts are a bet: they never cost another request (or req itself) its KV. Without
             # them the step still decodes req's token; step() sees that no draft was verified
             # and rolls the proposer back.
-            with_drafts, no_drafts = num_new, min(num_new, req.num_tokens - req.num_computed_tokens)
+            with_drafts, no_drafts = num_new, min(num_new, known)
             if with_drafts > no_drafts and not bm.allocate(req, with_drafts):
                 num_new = no_drafts
             while not bm.allocate(req, num_new):

@@ -39,7 +39,19 @@ def parse_schedule(text: str) -> list[tuple[int, int]]:
         rows = sorted((int(b), int(k)) for b, k in (item.split("=") for item in text.split(",")))
     except ValueError:
         raise ValueError(f"bad schedule {text!r}: expected e.g. 'schedule:1=4,8=2,16=0'") from None
+    if any(b < 1 or k < 0 for b, k in rows):
+        raise ValueError(f"bad schedule {text!r}: batch sizes are >= 1 and K >= 0")
     return rows
+
+
+def parse_threshold(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ValueError(f"bad batch-threshold {text!r}: expected a number of requests >= 0")
+    return n
 
 
 class SpecPolicy:
@@ -57,8 +69,10 @@ class SpecPolicy:
         self.sum_actual_s = 0.0
 
     def request_k_max(self, req: Request) -> int:
+        """A request's own num_speculative_tokens, at most the engine's K_max (the acceptance
+        estimates cover that many positions, and the scheduler's budget was sized for it)."""
         k = req.params.num_speculative_tokens
-        return self.k_max if k is None else k
+        return self.k_max if k is None else min(k, self.k_max)
 
     def choose(self, reqs: list[Request], num_running: int, num_base_tokens: int,
                catch_up: list[int], num_prefill_tokens: int = 0,
@@ -219,12 +233,14 @@ class AdaptivePolicy(SpecPolicy):
 
 def build_policy(spec: str, k_max: int, target_cost: StepCostModel | None = None,
                  draft_cost: StepCostModel | None = None) -> SpecPolicy:
+    if k_max < 1:
+        raise ValueError(f"K_max must be >= 1, got {k_max} (the 'off' policy drafts nothing)")
     if spec == "off":
         return OffPolicy(k_max)
     if spec == "static":
         return SpecPolicy(k_max)
     if spec.startswith("batch-threshold:"):
-        return BatchThresholdPolicy(k_max, int(spec.split(":", 1)[1]))
+        return BatchThresholdPolicy(k_max, parse_threshold(spec.split(":", 1)[1]))
     if spec.startswith("schedule:"):
         return SchedulePolicy(k_max, parse_schedule(spec.split(":", 1)[1]))
     if spec == "adaptive":
