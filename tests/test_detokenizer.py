@@ -7,7 +7,7 @@ import pytest
 
 from specserve import SamplingParams
 from specserve.engine.detokenizer import _detokenize_window, detokenize_incrementally
-from specserve.engine.request import Request
+from specserve.engine.request import Request, RequestStatus
 
 # Characters that span several byte-level tokens, a special token, spaces before punctuation.
 TEXT = "Crème brûlée costs 5 € — 🍮🍮! Hello , world .<|im_end|> 日本語のテキスト"
@@ -41,3 +41,57 @@ def test_fast_path_is_used_for_a_fast_tokenizer(llm):
     _, req = _stream(tokenizer, tokenizer("Hi there", add_special_tokens=False).input_ids,
                      detokenize_incrementally, True)
     assert req.decode_stream is not None
+
+
+def _sentencepiece_like():
+    """A word-level tokenizer with SentencePiece's Metaspace decoder (Llama 2, Mistral): the
+    first token it decodes loses its leading space."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "▁The": 1, "▁capital": 2, "▁is": 3, "▁Paris": 4, ".": 5}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_first_output_token_keeps_its_leading_space_after_the_prompt(stream):
+    """"The capital is" + "▁Paris ." reads " Paris." after the prompt, as vLLM streams it; on its
+    own the first token lost its space ("Paris.")."""
+    from specserve.engine.output_processor import make_output
+
+    tokenizer = _sentencepiece_like()
+    assert tokenizer.decode([4, 5]) == "Paris."  # what decoding the output alone gives
+    req = Request("r", [1, 2, 3], SamplingParams(max_tokens=2))
+    req.stream = stream
+    for t in (4, 5):
+        req.output_token_ids.append(t)
+        if stream:
+            detokenize_incrementally(tokenizer, req)
+    req.status = RequestStatus.FINISHED_LENGTH
+    assert make_output(req, tokenizer, 1).outputs[0].text == " Paris."
+
+
+def test_a_step_the_tokenizer_refuses_costs_a_token_not_the_engine(monkeypatch):
+    """tokenizers' DecodeStream may refuse a step ("Invalid prefix encountered", vLLM
+    #17448): that used to fail the engine step, and every running request with it. The
+    stream restarts at that token instead."""
+    from tokenizers.decoders import DecodeStream
+
+    from specserve.engine import detokenizer
+
+    class Refusing:  # refuses "." after other tokens, as a stream with history may
+        def __init__(self, *args, **kwargs):
+            self.stream, self.steps = DecodeStream(*args, **kwargs), 0
+
+        def step(self, backend, token):
+            if token == 5 and self.steps:
+                raise Exception("Invalid prefix encountered")
+            self.steps += 1
+            return self.stream.step(backend, token)
+
+    monkeypatch.setattr(detokenizer, "DecodeStream", Refusing)
+    deltas, req = _stream(_sentencepiece_like(), [4, 5, 3], detokenize_incrementally, True)
+    assert req.output_text == "".join(deltas) and req.output_text == " Paris. is"

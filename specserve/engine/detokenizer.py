@@ -13,6 +13,7 @@ and emit only the text that grew past it, holding back an incomplete UTF-8 chara
 from __future__ import annotations
 
 import functools
+import logging
 import re
 
 from tokenizers.decoders import ByteLevel, DecodeStream
@@ -22,6 +23,10 @@ from specserve.engine.request import Request
 
 # How many tokens of left context to re-decode with each new token (window fallback).
 _PREFIX_WINDOW = 5
+logger = logging.getLogger("specserve")
+
+# Prompt tokens the output is decoded after (prompt_context).
+MIN_CONTEXT, MAX_CONTEXT = 4, 24
 # SentencePiece's byte fallback writes a byte it has no piece for as <0xNN>.
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
@@ -53,13 +58,55 @@ def detokenize_incrementally(tokenizer, req: Request) -> str:
     if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return _detokenize_window(tokenizer, req)
     if req.decode_stream is None:
-        req.decode_stream = DecodeStream(skip_special_tokens=req.params.skip_special_tokens)
+        req.decode_stream = DecodeStream(prompt_context(tokenizer, req.prompt_token_ids),
+                                         skip_special_tokens=req.params.skip_special_tokens)
     ids = req.output_token_ids
-    pieces = [req.decode_stream.step(backend, t) for t in ids[req.read_offset:]]
+    pieces = [_step(backend, req, t) for t in ids[req.read_offset:]]
     req.read_offset = len(ids)
     delta = "".join(p for p in pieces if p)
     req.output_text += delta
     return delta
+
+
+def _step(backend, req: Request, token: int) -> str | None:
+    """One token through req's stream. tokenizers may refuse a step ("Invalid prefix
+    encountered" when the text so far decodes differently once extended, vLLM #17448; an id
+    past the tokenizer's vocabulary): the stream restarts at that token, and failing again,
+    the token's text is dropped with a warning. An exception here would fail the engine step,
+    and with it every running request."""
+    for attempt in range(2):
+        try:
+            return req.decode_stream.step(backend, token)
+        except Exception as exc:  # noqa: BLE001 (tokenizers raises plain Exception)
+            if attempt:
+                logger.warning("request %s: token %d has no text (%s)", req.request_id, token,
+                               exc)
+                return None
+            req.decode_stream = DecodeStream(skip_special_tokens=req.params.skip_special_tokens)
+    return None
+
+
+def prompt_context(tokenizer, prompt_ids: list[int]) -> list[int]:
+    """The prompt's last few tokens, that the output is decoded after: a SentencePiece
+    tokenizer (Llama 2, Mistral) drops the leading space of the first token it decodes, so
+    " Paris" after "The capital of France is" would come out as "Paris" (vLLM primes its
+    stream the same way). At least MIN_CONTEXT tokens, more while their text starts inside a
+    character (up to MAX_CONTEXT)."""
+    for n in range(MIN_CONTEXT, MAX_CONTEXT + 1):
+        tail = prompt_ids[-n:]
+        if len(tail) < n or "\ufffd" not in tokenizer.decode(tail):
+            return tail
+    return prompt_ids[-MIN_CONTEXT:]
+
+
+def decode_output(tokenizer, req: Request, ids: list[int]) -> str:
+    """The text of output ids as they read after the prompt (see prompt_context)."""
+    skip = req.params.skip_special_tokens
+    context = prompt_context(tokenizer, req.prompt_token_ids)
+    head = tokenizer.decode(context, skip_special_tokens=skip)
+    text = tokenizer.decode(context + ids, skip_special_tokens=skip)
+    return text[len(head):] if text.startswith(head) else tokenizer.decode(
+        ids, skip_special_tokens=skip)
 
 
 def _detokenize_window(tokenizer, req: Request) -> str:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from specserve.engine.detokenizer import detokenize_incrementally, find_stop_string
+from specserve.engine.detokenizer import (
+    decode_output,
+    detokenize_incrementally,
+    find_stop_string,
+)
 from specserve.engine.request import Request, RequestStatus
 from specserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
@@ -67,7 +71,7 @@ def make_output(req: Request, tokenizer, num_new: int, itl: float | None = None
         if (req.finish_reason == "stop" and ids and ids[-1] in req.stop_token_ids
                 and not req.params.include_stop_str_in_output):
             ids = ids[:-1]
-        text = tokenizer.decode(ids, skip_special_tokens=req.params.skip_special_tokens)
+        text = decode_output(tokenizer, req, ids)
     else:
         text = ""
     with_logprobs = req.params.logprobs is not None
