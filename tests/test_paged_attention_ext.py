@@ -185,6 +185,26 @@ def test_8bit_pools(kv_dtype, dtype, head_dim):
                                   kv_format=fmt)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.int8, torch.float8_e4m3fn])
+def test_8bit_pools_hold_large_values(kv_dtype):
+    """K and V of magnitude 1e5-1e8 (scales of 2^8 and up): fp8 rows read as inf, the factor
+    scale * 2^120 of its widening past fp32's range (gcc formed it from f * 2^120 * scale)."""
+    fmt = 1 if kv_dtype == torch.int8 else 2
+    store = (lambda t: t) if fmt == 1 else (lambda t: t.view(torch.uint8))
+    for big in (1e5, 1e8):
+        q, kc, vc, bt, ts, tp = make_case([1, 17, 100, 257, 40], [1, 1, 5, 1, 16], 9, 3, 64,
+                                          torch.float32, seed=11)
+        q = q / big  # scores stay O(1)
+        kq, ks = quantize_kv(kc.float() * big, kv_dtype)
+        vq, vs = quantize_kv(vc.float() * big, kv_dtype)
+        assert ks.float().max() >= 256
+        out = ext.paged_attention_short(q, store(kq), store(vq), bt, ts, tp, 16, 0.125,
+                                        k_scale=ks, v_scale=vs, kv_format=fmt)
+        ref = reference(q, kq.double() * ks.double(), vq.double() * vs.double(), bt, ts, tp, 16,
+                        0.125)
+        assert ((out.double() - ref).abs() <= 1e-5 * ref.abs().max()).all()
+
+
 def test_threads_agree():
     q, kc, vc, bt, ts, tp = make_case(CTX, [min(2, c) for c in CTX], 9, 3, 64, torch.float32)
     prev = torch.get_num_threads()

@@ -101,7 +101,7 @@ class PackedLinear(nn.Module):
                 return paged_attention_ext.module().amx_linear(x, self.weight_amx,
                                                                self._bias_or_empty)
             return _LINEAR_POINTWISE(x, self.packed, self.bias, "none", [], "")
-        if x.dim() == 2 and x.shape[0] <= self.small_rows:
+        if x.dim() == 2 and 0 < x.shape[0] <= self.small_rows:  # small_rows is 0 without the ext
             return paged_attention_ext.module().bf16_linear(x.contiguous(), self.weight_bf16,
                                                             self._bias_or_empty)
         y = _LINEAR_POINTWISE(x.float(), self.packed, self.bias, "none", [], "")

@@ -316,14 +316,26 @@ inline void widen_scaled(const int8_t* __restrict src, float scale, float* __res
 // exponent and mantissa give 2^-120 times the value, subnormals included (they land on fp32
 // subnormals, which the multiply by 2^120 makes exact normals again); the sign moves to bit 31.
 // Codes 0x7f / 0xff (NaN) read as +-480: the writer never produces them (it saturates at 448).
+// One multiply by scale * 2^120 is exact (3 + 8 significant bits). From a scale of 2^8 up
+// (values past ~115k) that factor overflows fp32, and -fassociative-math let gcc form it from
+// f * 2^120 * scale as well: such rows read as inf. They take the multiply in double.
+inline float fp8_bits_scaled(uint32_t b, float s) {
+  const uint32_t bits = ((b & 0x7fu) << 20) | ((b & 0x80u) << 24);
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f * s;
+}
 inline void widen_scaled(const uint8_t* __restrict src, float scale, float* __restrict dst,
                          int64_t D) {
-  for (int64_t d = 0; d < D; ++d) {
-    const uint32_t b = src[d];
-    const uint32_t bits = ((b & 0x7fu) << 20) | ((b & 0x80u) << 24);
-    float f;
-    std::memcpy(&f, &bits, sizeof(f));
-    dst[d] = f * 0x1p120f * scale;
+  if (scale < 0x1p7f) {
+    const float s = scale * 0x1p120f;
+    for (int64_t d = 0; d < D; ++d) dst[d] = fp8_bits_scaled(src[d], s);
+  } else {
+    const double s = static_cast<double>(scale) * 0x1p120;
+    for (int64_t d = 0; d < D; ++d) {
+      const double f = fp8_bits_scaled(src[d], 1.0f);
+      dst[d] = static_cast<float>(f * s);
+    }
   }
 }
 
