@@ -1089,3 +1089,23 @@ def test_a_request_running_alone_is_planned_at_every_step():
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     spec.generate(["Tell me about the history of Rome."], params)
     assert plans == [1] * 15  # one per decoding step (the first token comes from the prefill)
+
+
+@pytest.mark.parametrize("form", ["scalar", "few", "vector"])
+def test_a_planned_request_among_others_weighs_its_gain_against_the_whole_batch(form,
+                                                                              monkeypatch):
+    """One greedy request with guesses right 30% of the time beside seven that draft nothing
+    (seeded sampled, forced off): a draft adds 0.3 tokens to a step of 8 and costs 3% of it,
+    a loss. Counting only the planned request's token, the plan saw 1.3 tokens against 1 and
+    drafted."""
+    from specserve.spec_decode import cost_model
+
+    if form != "scalar":
+        monkeypatch.setattr(cost_model, "SCALAR_MAX_REQS", 0)
+    if form == "vector":
+        monkeypatch.setattr(cost_model, "FEW_MAX_REQS", 0)
+    cost = knee_cost(knee=1, flat=0.02, per_token=0.0008)  # T(9) / T(8) = 1.03
+    ks, _, _ = choose_num_speculative_tokens(np.array([[0.3]]), np.array([4]), 8, cost)
+    assert ks.tolist() == [0]
+    ks, _, _ = choose_num_speculative_tokens(np.array([[0.3]]), np.array([4]), 1, cost)
+    assert ks.tolist()[0] > 0  # alone, the same guesses pay

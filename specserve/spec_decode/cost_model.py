@@ -334,7 +334,7 @@ def choose_num_speculative_tokens(
                                                        num_prefill_tokens))
     base_time = float(target_cost(num_base_tokens - num_prefill_tokens)) \
         + target_cost.context_time(ctx_sum, ctx_sum)
-    base_tokens = float(num_reqs)
+    base_tokens = emitted_anyway(num_base_tokens, num_prefill_tokens, num_reqs)
     none = (np.zeros(num_reqs, dtype=np.int64), base_time + prefill_time,
             base_tokens / max(base_time, 1e-9))
     if num_reqs == 0 or k_max.max(initial=0) == 0:
@@ -343,7 +343,7 @@ def choose_num_speculative_tokens(
         k, time, goodput = _choose_few(
             np.asarray(alphas, dtype=np.float64).reshape(num_reqs, -1).tolist(), k_max.tolist(),
             num_base_tokens, target_cost, prev_total, hysteresis, min_gain, ctx.tolist(),
-            base_time)
+            base_time, base_tokens)
         return np.array(k, dtype=np.int64), time + prefill_time, goodput
     # Early exit, the common case under load: the most tokens any plan could yield (every
     # draft made), over the least time any plan could take, cannot clear the margin, so the
@@ -447,6 +447,15 @@ def choose_num_speculative_tokens(
     return k, float(time[row, best]) + prefill_time, float(goodput[row, best])
 
 
+def emitted_anyway(num_base_tokens: int, num_prefill_tokens: int, num_planned: int) -> float:
+    """Tokens the step emits whatever the plan: one per decoding request, the planned ones and
+    the others (forced off or static, seeded sampled ones, grammar-forced drafts, counted as
+    accepted). The gain of a draft is measured against all of them, as its cost is against the
+    whole step: counting only the planned requests' tokens made one planned request among
+    seven others see a 1.25x gain where the batch lost (0.998x)."""
+    return float(max(num_base_tokens - num_prefill_tokens, num_planned))
+
+
 def _no_plan_can_pay(most_tokens: float, least_time: float, none_goodput: float,
                      min_gain: float) -> bool:
     """The early exit's test: the most tokens any plan could yield, over the least time any plan
@@ -502,11 +511,12 @@ def choose_for_one_request(
                                                        num_prefill_tokens))
     base_time = float(target_cost(num_base_tokens - num_prefill_tokens)) \
         + target_cost.context_time(ctx, ctx)
+    base_tokens = emitted_anyway(num_base_tokens, num_prefill_tokens, 1)
     if k_max <= 0:
-        return 0, base_time + prefill_time, 1.0 / max(base_time, 1e-9)
+        return 0, base_time + prefill_time, base_tokens / max(base_time, 1e-9)
     k, time, goodput = _choose_one(rates, k_max, num_base_tokens, target_cost, draft_cost,
                                    catch_up, horizon, prev_total, hysteresis, min_gain, ctx,
-                                   base_time, draft_ctx, catch_up_ctx)
+                                   base_time, draft_ctx, catch_up_ctx, base_tokens)
     return k, time + prefill_time, goodput
 
 
@@ -514,7 +524,7 @@ def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
                 target_cost: StepCostModel, draft_cost, catch_up: float,
                 horizon: float | None, prev_total: int | None, hysteresis: float,
                 min_gain: float, ctx: float, base_time: float, draft_ctx: float = 0.0,
-                catch_up_ctx: float = 0.0) -> tuple[int, float, float]:
+                catch_up_ctx: float = 0.0, base_tokens: float = 1.0) -> tuple[int, float, float]:
     """choose_num_speculative_tokens for one request, in plain Python (K, predicted step time
     without prefill, goodput): the same goodput curve, whose increments are the request's levels
     in order. At concurrency 1 the vector form's ~40 numpy calls cost ~0.2 ms per plan, 2% of a
@@ -532,7 +542,7 @@ def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
             + draft_cost.context_time(0.0, catch_up_ctx)
         if horizon is not None:  # catch_up_share for one request
             share = min(sum(reach) / max(horizon, 1.0), 1.0)
-    tokens, time = 1.0, base_time
+    tokens, time = base_tokens, base_time
     goodput = [tokens / max(time, 1e-9)]
     times = [time]
     for k in range(1, k_max + 1):
@@ -550,8 +560,8 @@ def _choose_one(rates: list[float], k_max: int, num_base_tokens: int,
 
 def _choose_few(rates: list[list[float]], k_max: list[int], num_base_tokens: int,
                 target_cost: StepCostModel, prev_total: int | None, hysteresis: float,
-                min_gain: float, ctx: list[float], base_time: float
-                ) -> tuple[list[int], float, float]:
+                min_gain: float, ctx: list[float], base_time: float,
+                base_tokens: float | None = None) -> tuple[list[int], float, float]:
     """choose_num_speculative_tokens for a few requests and a free proposer (n-gram), in plain
     Python: the vector form's single sweep (increments in order of gain per second, the best
     prefix), and its answer. Between two forwards of a small batch the vector form took
@@ -569,7 +579,7 @@ def _choose_few(rates: list[list[float]], k_max: list[int], num_base_tokens: int
             increments.append((-reach / (token_s + attn_s * ctx[i]), j + 1, i, reach,
                                attn_s * ctx[i]))
     increments.sort(key=lambda inc: inc[:2])  # stable, as the vector form's lexsort
-    tokens, attn = float(len(rates)), 0.0
+    tokens, attn = float(len(rates)) if base_tokens is None else base_tokens, 0.0
     goodput, times = [tokens / max(base_time, 1e-9)], [base_time]
     for p, (_, _, _, gain, a) in enumerate(increments, start=1):
         tokens += gain
