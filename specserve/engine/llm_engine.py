@@ -381,7 +381,7 @@ class LLMEngine:
             runs = [(c, n) for c, (_, n) in zip(computed_before, sched.scheduled, strict=True)]
             self.spec_policy.observe_step(num_tokens, t_forward,
                                           self.proposer.last_forwards,
-                                          self.planner.last_draft_time, runs,
+                                          self.planner.last_propose_time, runs,
                                           num_tokens - len(logits_indices))
             self.proposer.last_forwards = []
             self.planner.propose(self.spec_policy)

@@ -50,9 +50,11 @@ class SpeculationPlanner:
         self.scheduler = scheduler
         self.stats = stats  # EngineStats: draft_time accrues here
         self.max_model_len = max_model_len
-        # Seconds the last propose() spent planning and guessing, when some request drafted
-        # (0 otherwise): the draft forwards' time the policy checks its draft cost model with.
-        self.last_draft_time = 0.0
+        # Seconds of the last propose(), when some request drafted (0 otherwise): planning and
+        # guessing (stats), and the proposer's forwards alone
+        # (what the draft's cost model predicts: planning is paid at K = 0 too, and charged to
+        # the forwards it made a cheap draft network look dearer).
+        self.last_draft_time = self.last_propose_time = 0.0
         # (size, prefill?, members or None) of the standing all-zero plan
         self._idle_plan: tuple[int, bool, frozenset[str] | None] | None = None
         self._idle_steps = 0
@@ -76,7 +78,7 @@ class SpeculationPlanner:
     def propose(self, policy: SpecPolicy) -> None:
         """Choose K per decoding request (the policy) and guess that many tokens: each
         request's `spec_token_ids` (and `spec_probs`) for the next step."""
-        self.last_draft_time = 0.0
+        self.last_draft_time = self.last_propose_time = 0.0
         reqs, caps, forced = [], [], []
         for req in self.scheduler.running:
             if req.num_computed_tokens != req.num_tokens - 1:
@@ -108,7 +110,9 @@ class SpeculationPlanner:
         token_ids = [looked[i][:k] if i in looked else [] for i, k in enumerate(ks)]
         probs = None
         if any(ks[i] for i in rest):
+            t_propose = time.perf_counter()
             proposal = self.proposer.propose([reqs[i] for i in rest], [ks[i] for i in rest])
+            self.last_propose_time = time.perf_counter() - t_propose
             probs = proposal.probs
             for j, (i, tokens) in enumerate(zip(rest, proposal.token_ids, strict=True)):
                 token_ids[i] = tokens
