@@ -112,6 +112,16 @@ def test_top_k_keeps_ties_with_the_kth_whether_or_not_the_batch_sets_top_p():
     assert torch.equal(alone[0], beside[0])
 
 
+def test_a_row_without_top_p_keeps_its_tail_beside_a_row_with_it():
+    """A neighbour's top_p sends every row through the sorted path, where fp32's cumsum of a
+    peaked 49k-token row reaches 1.0 well before its tail: a top_p = 1 row lost thousands of
+    tokens (and a seeded row's draw depended on its neighbours)."""
+    torch.manual_seed(0)
+    rows = torch.randn(2, 49152) * 10
+    out = apply_top_k_top_p(rows, None, torch.tensor([1.0, 0.9]))
+    assert torch.equal(out[0], rows[0])
+
+
 # ---- sample ------------------------------------------------------------------------------------
 def test_greedy_rows_are_argmax_in_a_mixed_batch():
     g = torch.Generator().manual_seed(1)

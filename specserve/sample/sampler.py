@@ -37,8 +37,10 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
     if top_p is not None:
         probs = sorted_logits.masked_fill(remove, float("-inf")).softmax(dim=-1)
         # Drop a token when the mass strictly before it already reaches top_p (keeps >= 1 token).
+        # Rows with top_p = 1 (beside one that set it) drop nothing: fp32's cumsum may reach 1.0
+        # before the tail, which would make a seeded row depend on its neighbours.
         mass_before = probs.cumsum(dim=-1) - probs
-        remove |= mass_before >= top_p.unsqueeze(1)
+        remove |= (mass_before >= top_p.unsqueeze(1)) & (top_p < 1).unsqueeze(1)
     sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
     return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
 
