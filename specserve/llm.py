@@ -93,12 +93,18 @@ class LLM:
     def generate_stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None
                         ) -> Iterator[RequestOutput]:
         """Yield the growing output of one request after every step that extends it (a prompt
-        as `generate` takes one)."""
+        as `generate` takes one). While a stop string could still match, the text's last
+        len(stop) - 1 characters are held back (as vLLM and the server do): a match cuts the
+        text where it begins, which may be text a step already produced."""
         req = self.engine.add_request(_prompt_input(prompt), sampling_params, stream=True)
+        holdback = max(map(len, req.params.stop), default=1) - 1
         try:
             while True:
                 for out in self.engine.step():
                     if out.request_id == req.request_id:
+                        if holdback and not out.finished:
+                            text = out.outputs[0].text
+                            out.outputs[0].text = text[:max(len(text) - holdback, 0)]
                         yield out
                         if out.finished:
                             return

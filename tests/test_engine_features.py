@@ -327,6 +327,18 @@ def test_streaming_deltas_add_up(llm):
     assert chunks[-1].outputs[0].text == final.outputs[0].text
 
 
+def test_a_stream_never_shows_text_a_stop_string_will_cut(llm):
+    """Each streamed text is a prefix of the final one: the stop string's first characters are
+    held back until they either complete it (and are cut) or cannot."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    free = llm.generate(["The capital of France is"], params)[0].outputs[0].text
+    stop = free.strip().split()[3]  # a word the greedy reply reaches a few tokens in
+    params.stop = [stop + " "]
+    texts = [c.outputs[0].text for c in llm.generate_stream("The capital of France is", params)]
+    assert texts[-1] == free[:free.index(stop + " ")]
+    assert all(texts[-1].startswith(t) for t in texts)
+
+
 def test_on_forward_runs_once_per_step_before_the_forward(llm):
     """The server hands the previous step's outputs out from this hook: it must fire exactly
     once per step, before the forward has changed any request, also on the layer-loop path
