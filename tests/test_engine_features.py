@@ -359,3 +359,23 @@ def test_on_forward_runs_once_per_step_before_the_forward(llm):
     assert seen == [0, 1, 2, 3] and steps == 4  # prefill, then three decode steps
     calls = []
     assert engine.step(on_forward=lambda: calls.append(1)) == [] and calls == [1]
+
+
+def test_a_raw_prompt_gets_the_tokenizers_bos_and_a_chat_none_added():
+    """As vLLM and transformers encode them: a completion's prompt with the special tokens the
+    tokenizer adds (Llama's and Mistral's BOS), a rendered chat template with none added (it
+    writes its own)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from specserve.engine.prompts import encode_chat, encode_prompt
+
+    vocab = {"<unk>": 0, "<s>": 1, "hello": 2, "world": 3}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>")
+    fast.chat_template = "<s> {% for m in messages %}{{ m['content'] }} {% endfor %}"
+    assert encode_prompt(fast, "hello world") == [1, 2, 3]
+    assert encode_chat(fast, [{"role": "user", "content": "hello"}],
+                       add_generation_prompt=False) == [1, 2]

@@ -19,15 +19,17 @@ _RENDERER_ARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_
                                            "documents"} | {"messages", "conversations"}
 
 
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """A prompt's token ids as the engine sees them (no BOS added: chat templates carry their
-    own special tokens, and raw prompts are taken as written)."""
-    return tokenizer(prompt, add_special_tokens=False).input_ids
+def encode_prompt(tokenizer, prompt: str, add_special_tokens: bool = True) -> list[int]:
+    """A raw prompt's token ids, with the special tokens the tokenizer adds (a BOS for Llama
+    and Mistral; none for SmolLM2), as vLLM and transformers encode a completion's prompt."""
+    return tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
 
 
 def encode_chat(tokenizer, messages: list[dict], **options: Any) -> list[int]:
-    """The conversation's token ids, as render_chat renders it."""
-    return encode_prompt(tokenizer, render_chat(tokenizer, messages, **options))
+    """The conversation's token ids, as render_chat renders it (the template writes its own
+    special tokens: none are added, as in vLLM)."""
+    return encode_prompt(tokenizer, render_chat(tokenizer, messages, **options),
+                         add_special_tokens=False)
 
 
 def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,
