@@ -10,7 +10,7 @@ from rich.progress import MofNCompleteColumn, Progress
 
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from specserve.engine.llm_engine import LLMEngine
-from specserve.engine.prompts import render_chat
+from specserve.engine.prompts import encode_prompt, render_chat
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
 
@@ -84,11 +84,18 @@ class LLM:
         assistant's header, or the last assistant message left open to be continued; the
         template's own variables). Each output's `prompt` is the rendered text, as vLLM's."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [render_chat(self.engine.tokenizer, c,
-                               add_generation_prompt=add_generation_prompt,
-                               continue_final_message=continue_final_message,
-                               template_kwargs=chat_template_kwargs) for c in convs]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        tokenizer = self.engine.tokenizer
+        texts = [render_chat(tokenizer, c, add_generation_prompt=add_generation_prompt,
+                             continue_final_message=continue_final_message,
+                             template_kwargs=chat_template_kwargs) for c in convs]
+        # Token ids with no special tokens added: the template wrote its own (a raw text prompt
+        # would get a second BOS on Llama and Mistral).
+        outs = self.generate([{"prompt_token_ids": encode_prompt(tokenizer, t,
+                                                                 add_special_tokens=False)}
+                              for t in texts], sampling_params, use_tqdm=use_tqdm)
+        for out, text in zip(outs, texts, strict=True):
+            out.prompt = text
+        return outs
 
     def generate_stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None
                         ) -> Iterator[RequestOutput]:

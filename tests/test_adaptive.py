@@ -1061,7 +1061,7 @@ def test_a_request_joining_a_small_batch_is_planned_at_once():
     policy = spec.engine.spec_policy
 
     def one_draft_where_allowed(reqs, num_running, num_base, catch_up, num_prefill=0, caps=None,
-                                evidence=None):
+                                evidence=None, num_emitted=None):
         return [min(1, c) for c in caps]
 
     policy.choose = one_draft_where_allowed
@@ -1081,7 +1081,8 @@ def test_a_request_running_alone_is_planned_at_every_step():
         "method": "draft", "draft_layers": 1, "num_speculative_tokens": 2})
     plans = []
 
-    def never(reqs, num_running, num_base, catch_up, num_prefill=0, caps=None, evidence=None):
+    def never(reqs, num_running, num_base, catch_up, num_prefill=0, caps=None, evidence=None,
+              num_emitted=None):
         plans.append(len(reqs))
         return [0] * len(reqs)
 
@@ -1105,7 +1106,12 @@ def test_a_planned_request_among_others_weighs_its_gain_against_the_whole_batch(
     if form == "vector":
         monkeypatch.setattr(cost_model, "FEW_MAX_REQS", 0)
     cost = knee_cost(knee=1, flat=0.02, per_token=0.0008)  # T(9) / T(8) = 1.03
-    ks, _, _ = choose_num_speculative_tokens(np.array([[0.3]]), np.array([4]), 8, cost)
+    ks, _, _ = choose_num_speculative_tokens(np.array([[0.3]]), np.array([4]), 8, cost,
+                                             num_emitted=8)
     assert ks.tolist() == [0]
-    ks, _, _ = choose_num_speculative_tokens(np.array([[0.3]]), np.array([4]), 1, cost)
+    # The planned request's own token alone: what the plan weighed before (it drafted).
+    ks, _, _ = choose_num_speculative_tokens(np.array([[0.3]]), np.array([4]), 8, cost)
+    assert ks.tolist()[0] > 0
+    ks, _, _ = choose_num_speculative_tokens(np.array([[0.3]]), np.array([4]), 1, cost,
+                                             num_emitted=1)
     assert ks.tolist()[0] > 0  # alone, the same guesses pay

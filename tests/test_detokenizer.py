@@ -74,6 +74,13 @@ def test_the_first_output_token_keeps_its_leading_space_after_the_prompt(stream)
     assert make_output(req, tokenizer, 1).outputs[0].text == " Paris."
 
 
+def test_the_window_fallback_reads_the_first_token_after_the_prompt_too():
+    """Tokenizers that clean up spaces (or have no fast backend) stream through a window of
+    decodes, which now starts in the prompt's last tokens as the fast path does."""
+    deltas, req = _stream(_sentencepiece_like(), [4, 5], _detokenize_window, True)
+    assert req.output_text == "".join(deltas) == " Paris."
+
+
 def test_a_step_the_tokenizer_refuses_costs_a_token_not_the_engine(monkeypatch):
     """tokenizers' DecodeStream may refuse a step ("Invalid prefix encountered", vLLM
     #17448): that used to fail the engine step, and every running request with it. The

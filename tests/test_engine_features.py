@@ -379,3 +379,26 @@ def test_a_raw_prompt_gets_the_tokenizers_bos_and_a_chat_none_added():
     assert encode_prompt(fast, "hello world") == [1, 2, 3]
     assert encode_chat(fast, [{"role": "user", "content": "hello"}],
                        add_generation_prompt=False) == [1, 2]
+
+
+def test_llm_chat_adds_no_second_bos(tmp_path):
+    """LLM.chat renders the template (which writes the BOS) and must not let the tokenizer add
+    another, as a raw text prompt gets: Llama and Mistral saw two."""
+    from tiny_models import VOCAB, make_tiny_model
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    path = make_tiny_model(tmp_path / "bos")
+    vocab = {"<unk>": 0, "<eos>": 1} | {f"w{i}": i for i in range(2, VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="w2 $A", special_tokens=[("w2", 2)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>",
+                                   bos_token="w2")
+    fast.chat_template = "w2 {% for m in messages %}{{ m['content'] }} {% endfor %}"
+    fast.save_pretrained(path)
+    llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    out = llm.chat([{"role": "user", "content": "w5 w6"}], params, add_generation_prompt=False)[0]
+    assert out.prompt_token_ids == [2, 5, 6] and out.prompt == "w2 w5 w6 "
+    assert llm.generate(["w5 w6"], params)[0].prompt_token_ids == [2, 5, 6]  # raw: one BOS

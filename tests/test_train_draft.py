@@ -353,6 +353,7 @@ def test_cli(tmp_path, capsys):
     assert path.name.endswith("-prose+json-3")
     assert path == cached_draft_path("/models/../models/SmolLM2-135M-Instruct", "prose,json", 3)
     assert path != cached_draft_path(None, "prose,json", 3)
+    assert cached_draft_path("embedded", "prose", 3) == cached_draft_path(None, "prose", 3)
     assert (cached_draft_path("/runs/a/final", "prose", 3)
             != cached_draft_path("/runs/b/final", "prose", 3))
 
@@ -367,7 +368,7 @@ def test_a_setting_the_target_cannot_take_fails_before_generation(tmp_path, monk
     def no_generation(*args, **kwargs):
         raise AssertionError("generation started")
 
-    monkeypatch.setattr(pipeline, "generate_data", no_generation)
+    monkeypatch.setattr(pipeline, "build_data", no_generation)
     target = str(_target(tmp_path / "target"))  # 4 layers
     with pytest.raises(ValueError, match="the draft needs 1..4 layers|below the last"):
         if method == "draft":

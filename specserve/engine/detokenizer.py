@@ -58,8 +58,9 @@ def detokenize_incrementally(tokenizer, req: Request) -> str:
     if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
         return _detokenize_window(tokenizer, req)
     if req.decode_stream is None:
-        req.decode_stream = DecodeStream(prompt_context(tokenizer, req.prompt_token_ids),
-                                         skip_special_tokens=req.params.skip_special_tokens)
+        req.decode_stream = DecodeStream(skip_special_tokens=req.params.skip_special_tokens)
+        for t in prompt_context(tokenizer, req.prompt_token_ids):  # primed, text dropped
+            _step(backend, req, t)
     ids = req.output_token_ids
     pieces = [_step(backend, req, t) for t in ids[req.read_offset:]]
     req.read_offset = len(ids)
@@ -110,16 +111,22 @@ def decode_output(tokenizer, req: Request, ids: list[int]) -> str:
 
 
 def _detokenize_window(tokenizer, req: Request) -> str:
-    ids = req.output_token_ids
+    # The window runs over the prompt's last tokens and the output (offsets into both), so that
+    # the first output token reads as it does after the prompt (prompt_context).
+    if req.detok_context is None:
+        req.detok_context = prompt_context(tokenizer, req.prompt_token_ids)
+        req.prefix_offset, req.read_offset = 0, len(req.detok_context)
+    context, out = req.detok_context, req.output_token_ids
+    start = req.prefix_offset
+    ids = context[start:] + out if start < len(context) else out[start - len(context):]
     skip = req.params.skip_special_tokens
-    prefix_text = tokenizer.decode(ids[req.prefix_offset:req.read_offset],
-                                   skip_special_tokens=skip)
-    new_text = tokenizer.decode(ids[req.prefix_offset:], skip_special_tokens=skip)
+    prefix_text = tokenizer.decode(ids[:req.read_offset - start], skip_special_tokens=skip)
+    new_text = tokenizer.decode(ids, skip_special_tokens=skip)
     if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
         return ""
     delta = new_text[len(prefix_text):]
     req.prefix_offset = max(req.read_offset - _PREFIX_WINDOW, 0)
-    req.read_offset = len(ids)
+    req.read_offset = len(context) + len(out)
     req.output_text += delta
     return delta
 

@@ -79,6 +79,7 @@ class Request:
         self.prefix_offset = 0
         self.read_offset = 0
         self.decode_stream = None  # tokenizers.decoders.DecodeStream, made on first use
+        self.detok_context: list[int] | None = None  # the window fallback's prompt tail
         # Timing (seconds, time.perf_counter())
         self.arrival_time = time.perf_counter()
         self.scheduled_time: float | None = None  # first admitted (a re-admission keeps it)

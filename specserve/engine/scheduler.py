@@ -96,6 +96,7 @@ class Scheduler:
                 num_new = no_drafts
             while not bm.allocate(req, num_new):
                 victim = self.running.pop()  # lowest priority: admitted last
+                behind -= victim is not req and victim.num_computed_tokens < victim.num_tokens
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:

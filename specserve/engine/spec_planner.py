@@ -132,10 +132,12 @@ class SpeculationPlanner:
                 ks: list[int], caps: list[int]) -> dict[int, list[int]]:
         """The policy's K for reqs[i], i in free, written into ks. Returns the guesses already
         looked up (index -> tokens) for a proposer whose guesses cost nothing (n-gram)."""
-        # The next step also carries the requests drafting what their grammar forces.
-        num_base = len(reqs) + sum(ks) + sum(1 + len(r.spec_token_ids)
-                                             for r in self.scheduler.running
-                                             if r.spec_from_grammar and r.spec_token_ids)
+        # The next step also carries the requests drafting what their grammar forces (whose
+        # drafts it emits, near enough: the grammar allows nothing else).
+        forced = sum(1 + len(r.spec_token_ids) for r in self.scheduler.running
+                     if r.spec_from_grammar and r.spec_token_ids)
+        num_base = len(reqs) + sum(ks) + forced
+        num_emitted = len(reqs) + forced
         num_prefill = self.scheduler.pending_prefill_tokens(num_base)
         free_reqs = [reqs[i] for i in free]
 
@@ -143,7 +145,7 @@ class SpeculationPlanner:
             catch_up = [self.proposer.catch_up_tokens(r) for r in free_reqs]
             evidence = [r.spec_evidence for r in free_reqs] if looked_up else None
             return policy.choose(free_reqs, len(self.scheduler.running), num_base + num_prefill,
-                                 catch_up, num_prefill, limits, evidence)
+                                 catch_up, num_prefill, limits, evidence, num_emitted)
 
         limits = [caps[i] for i in free]
         looked: dict[int, list[int]] = {}

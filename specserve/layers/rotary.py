@@ -51,7 +51,7 @@ def scaled_inv_freq(head_dim: int, max_position: int, theta: float, params: dict
         raise ValueError(f"rope_type {rope_type!r} is not supported (supported: "
                          f"{', '.join(STATIC_ROPE_TYPES)})")
     config = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
-                         max_position_embeddings=max_position,
-                         rope_parameters={**params, "rope_theta": theta})
+                         max_position_embeddings=max_position, rope_theta=theta,
+                         rope_scaling=dict(params))  # read by transformers 4 and 5 alike
     inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
     return inv_freq.float(), float(attention_factor)

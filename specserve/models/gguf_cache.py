@@ -24,7 +24,7 @@ import torch
 
 from specserve.config import ModelConfig
 
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 2  # 2: a scaled rope and tensors without a place are refused
 _RAW = "raw::"  # key prefix of the raw quantized rows (uint8) in the safetensors file
 
 

@@ -231,8 +231,13 @@ def _rope_parameters(path: Path) -> dict:
 
     from specserve.layers.rotary import STATIC_ROPE_TYPES
 
-    params = dict(AutoConfig.from_pretrained(str(path), local_files_only=True).rope_parameters
-                  or {})
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    params = getattr(config, "rope_parameters", None)
+    if params is None:  # transformers 4: rope_scaling and rope_theta apart
+        params = dict(getattr(config, "rope_scaling", None) or {})
+        params["rope_type"] = params.pop("type", params.get("rope_type", "default"))
+        params["rope_theta"] = getattr(config, "rope_theta", 10000.0)
+    params = dict(params)
     if params.get("rope_type", "default") not in STATIC_ROPE_TYPES \
             or params.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError(f"{path}: rope {params} is not supported (rope_type one of "

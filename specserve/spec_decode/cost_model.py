@@ -307,6 +307,7 @@ def choose_num_speculative_tokens(
     contexts: np.ndarray | None = None,  # [num_reqs] context each request's next token sees
     num_prefill_tokens: int = 0,  # the part of num_base_tokens that is prefill chunks
     horizon: np.ndarray | None = None,  # [num_reqs] tokens each may still emit; None: one step
+    num_emitted: float | None = None,  # tokens the step emits whatever the plan (emitted_anyway)
 ) -> tuple[np.ndarray, float, float]:
     """Returns (K per request, predicted step seconds, predicted goodput in tokens/s).
     Prefill chunks in the step set the operating point (a step with a 300-token chunk is
@@ -325,7 +326,7 @@ def choose_num_speculative_tokens(
             num_base_tokens, target_cost, draft_cost,
             1.0 if catch_up is None else float(catch_up[0]),
             None if horizon is None else float(horizon[0]), prev_total, hysteresis, min_gain,
-            0.0 if contexts is None else float(contexts[0]), num_prefill_tokens)
+            0.0 if contexts is None else float(contexts[0]), num_prefill_tokens, num_emitted)
         return np.array([k], dtype=np.int64), time, goodput
     k_max = np.asarray(k_max, dtype=np.int64)
     ctx = np.zeros(num_reqs) if contexts is None else beyond(contexts, target_cost.base_context)
@@ -334,7 +335,7 @@ def choose_num_speculative_tokens(
                                                        num_prefill_tokens))
     base_time = float(target_cost(num_base_tokens - num_prefill_tokens)) \
         + target_cost.context_time(ctx_sum, ctx_sum)
-    base_tokens = emitted_anyway(num_base_tokens, num_prefill_tokens, num_reqs)
+    base_tokens = emitted_anyway(num_emitted, num_reqs)
     none = (np.zeros(num_reqs, dtype=np.int64), base_time + prefill_time,
             base_tokens / max(base_time, 1e-9))
     if num_reqs == 0 or k_max.max(initial=0) == 0:
@@ -447,13 +448,14 @@ def choose_num_speculative_tokens(
     return k, float(time[row, best]) + prefill_time, float(goodput[row, best])
 
 
-def emitted_anyway(num_base_tokens: int, num_prefill_tokens: int, num_planned: int) -> float:
+def emitted_anyway(num_emitted: float | None, num_planned: int) -> float:
     """Tokens the step emits whatever the plan: one per decoding request, the planned ones and
-    the others (forced off or static, seeded sampled ones, grammar-forced drafts, counted as
-    accepted). The gain of a draft is measured against all of them, as its cost is against the
-    whole step: counting only the planned requests' tokens made one planned request among
-    seven others see a 1.25x gain where the batch lost (0.998x)."""
-    return float(max(num_base_tokens - num_prefill_tokens, num_planned))
+    the others (forced off or static, seeded sampled ones), and grammar-forced drafts (counted
+    as accepted; a static request's drafts are not counted, being uncertain). The gain of a
+    draft is measured against all of them, as its cost is against the whole step: counting only
+    the planned requests' tokens made one planned request among seven others see a 1.25x gain
+    where the batch lost (0.998x). None: the planned requests' own tokens."""
+    return float(num_planned if num_emitted is None else max(num_emitted, num_planned))
 
 
 def _no_plan_can_pay(most_tokens: float, least_time: float, none_goodput: float,
@@ -494,7 +496,7 @@ def choose_for_one_request(
     rates: list[float], k_max: int, num_base_tokens: int, target_cost: StepCostModel,
     draft_cost=None, catch_up: float = 1.0, horizon: float | None = None,
     prev_total: int | None = None, hysteresis: float = 0.02, min_gain: float = 0.03,
-    context: float = 0.0, num_prefill_tokens: int = 0,
+    context: float = 0.0, num_prefill_tokens: int = 0, num_emitted: float | None = None,
 ) -> tuple[int, float, float]:
     """choose_num_speculative_tokens for a batch of one, from plain numbers: (K, predicted step
     seconds, goodput). A request running alone is planned at every step, right after a forward
@@ -511,7 +513,7 @@ def choose_for_one_request(
                                                        num_prefill_tokens))
     base_time = float(target_cost(num_base_tokens - num_prefill_tokens)) \
         + target_cost.context_time(ctx, ctx)
-    base_tokens = emitted_anyway(num_base_tokens, num_prefill_tokens, 1)
+    base_tokens = emitted_anyway(num_emitted, 1)
     if k_max <= 0:
         return 0, base_time + prefill_time, base_tokens / max(base_time, 1e-9)
     k, time, goodput = _choose_one(rates, k_max, num_base_tokens, target_cost, draft_cost,

@@ -41,12 +41,16 @@ class TrainOutcome:
 
 
 def generate_data(target: str | None, items: Sequence[PromptItem], data_cfg: DataConfig,
-                  seed: int, num_threads: int | None) -> DraftData:
-    """The target's replies, from the engine as it serves them (same dtype)."""
+                  seed: int, num_threads: int | None,
+                  check: Callable[[ModelConfig], None] = lambda cfg: None) -> DraftData:
+    """The target's replies, from the engine as it serves them (same dtype). check(target
+    config) runs first: a setting the target cannot take fails before minutes of generation,
+    not after."""
     from specserve.llm import LLM
 
     llm = LLM(target, dtype=data_cfg.dtype, seed=seed, num_threads=num_threads)
     try:
+        check(llm.engine.model_config)
         return build_data(llm, items, data_cfg, seed)
     finally:
         del llm
@@ -55,15 +59,13 @@ def generate_data(target: str | None, items: Sequence[PromptItem], data_cfg: Dat
 
 def _data_and_target(target: str | None, items: Sequence[PromptItem], data_cfg: DataConfig,
                      seed: int, num_threads: int | None, check: Callable[[ModelConfig], None]):
-    """The training data (from the engine, which is gone afterwards) and the target loaded
-    again in fp32: (data, loaded, model), the model being what the draft is built from.
-    check(target config) runs first: a setting the target cannot take fails before minutes of
-    generation, not after."""
+    """The training data (from the engine, which is gone afterwards, and which runs check on
+    the target's config first), then the target loaded again in fp32: (data, loaded, model),
+    the model being what the draft is built from."""
     if num_threads:
         torch.set_num_threads(num_threads)
+    data = generate_data(target, items, data_cfg, seed, num_threads, check)
     loaded = load_model(target)
-    check(loaded.config)
-    data = generate_data(target, items, data_cfg, seed, num_threads)
     return data, loaded, build_model(loaded.config, loaded.state_dict, torch.float32)
 
 

@@ -42,7 +42,7 @@ def cached_draft_path(target: str | None, workload: str, layers: int) -> Path:
     whole resolved path: two checkpoints that share a folder name (runs/a/final, runs/b/final;
     a local copy of SmolLM2-135M-Instruct beside the embedded one) must not share a draft."""
     root = Path(os.environ.get("SPECSERVE_CACHE", Path.home() / ".cache" / "specserve"))
-    if target is None:
+    if target is None or target in (EMBEDDED_NAME, "embedded"):  # load_model's names for it
         name = EMBEDDED_NAME
     else:
         where = Path(str(target)).expanduser().resolve()
