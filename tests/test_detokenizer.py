@@ -102,3 +102,12 @@ def test_a_step_the_tokenizer_refuses_costs_a_token_not_the_engine(monkeypatch):
     monkeypatch.setattr(detokenizer, "DecodeStream", Refusing)
     deltas, req = _stream(_sentencepiece_like(), [4, 5, 3], detokenize_incrementally, True)
     assert req.output_text == "".join(deltas) and req.output_text == " Paris. is"
+
+
+def test_a_sentencepiece_tokens_bytes_keep_its_leading_space():
+    """OpenAI's logprob bytes (and the completions text_offset built from them) must add up to
+    the text: decoded alone, "\u2581Paris" lost its space."""
+    from specserve.engine.detokenizer import token_bytes
+
+    tokenizer = _sentencepiece_like()
+    assert token_bytes(tokenizer, 4) == b" Paris" and token_bytes(tokenizer, 5) == b"."

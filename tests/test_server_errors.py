@@ -347,6 +347,26 @@ def test_a_bug_of_ours_is_a_500_not_a_400(llm, monkeypatch):
         assert http.post("/v1/completions", json=completion()).status_code == 200
 
 
+def test_a_model_is_found_by_its_path_as_the_server_was_started_with_it(tmp_path):
+    """vLLM serves a model under the path it was started with; ours under the path's last part.
+    Both names find it (a client written for vLLM sends the path)."""
+    from fastapi.testclient import TestClient
+    from tiny_models import make_tiny_model
+
+    from specserve import LLM
+    from specserve.server.api_server import build_app
+
+    path = str(make_tiny_model(tmp_path / "tiny-llama"))
+    app = build_app(LLM(path, dtype="float32", kv_cache_memory=8 << 20).engine)
+    with TestClient(app, raise_server_exceptions=False) as http:
+        assert http.get("/v1/models").json()["data"][0]["id"] == "tiny-llama"
+        for name in ("tiny-llama", path):
+            body = {"model": name, "prompt": [5, 9], "max_tokens": 2}
+            assert http.post("/v1/completions", json=body).status_code == 200, name
+        assert_openai_error(http.post("/v1/completions", json={"model": "other", "prompt": "x"}),
+                            404)
+
+
 @pytest.mark.parametrize("flag", [("--max-queue", "-1"), ("--shutdown-timeout", "-5"),
                                   ("--shutdown-timeout", "nan"), ("--stream-interval", "0")])
 def test_serve_refuses_out_of_range_flags(flag, capsys):

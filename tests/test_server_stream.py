@@ -152,3 +152,17 @@ def test_the_engine_loop_stops_once_the_http_thread_is_gone(llm):
         loop.call_soon_threadsafe(loop.stop)
         http.join(timeout=10)
         loop.close()
+
+
+def test_completion_max_tokens_null_is_the_rest_of_the_context():
+    """Absent, a completion's max_tokens is OpenAI's 16; null is vLLM's "the rest of the
+    context" (null took the default of 16, as for fields where null means "not set")."""
+    from specserve.server.protocol import CompletionRequest
+
+    def parse(**body):
+        return CompletionRequest.model_validate({"model": "m", "prompt": "x", **body})
+
+    assert parse().max_tokens == 16
+    assert parse(max_tokens=None).to_sampling_params(None, None).max_tokens is None
+    assert parse(n=None).n == 1  # other fields: null is still their default
+    assert parse().add_special_tokens and not parse(add_special_tokens=False).add_special_tokens

@@ -35,7 +35,9 @@ def token_bytes(tokenizer, token_id: int) -> bytes:
     """The raw bytes a token stands for (OpenAI's logprob `bytes`). A token that holds part of a
     UTF-8 character decodes to U+FFFD on its own, so the bytes come from its vocabulary entry:
     byte-level BPE spells each byte as one character (GPT-2's table), SentencePiece spells a
-    byte it fell back to as <0xNN>. Anything else: the decoded text's bytes."""
+    byte it fell back to as <0xNN> and a space as "\u2581" (decoded alone, a token's leading
+    space is dropped, and OpenAI's bytes and text offsets would lose a space per word). Anything
+    else: the decoded text's bytes."""
     piece = tokenizer.convert_ids_to_tokens(token_id)
     if piece:
         decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
@@ -44,6 +46,8 @@ def token_bytes(tokenizer, token_id: int) -> bytes:
             return bytes(table[c] for c in piece)
         if match := _BYTE_PIECE.fullmatch(piece):
             return bytes([int(match[1], 16)])
+        if "\u2581" in piece:  # SentencePiece's word boundary, a space the decoder would drop
+            return piece.replace("\u2581", " ").encode()
     return tokenizer.decode([token_id]).encode()
 
 

@@ -140,7 +140,9 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
     app = FastAPI(title="specserve", lifespan=lifespan)
     app.state.engine = async_engine
     app.state.metrics = server_metrics
-    app.state.serving = OpenAIServing(async_engine, model_name, server_metrics)
+    model_arg = engine.config.model
+    aliases = (model_arg,) if model_arg and not served_model_name else ()
+    app.state.serving = OpenAIServing(async_engine, model_name, server_metrics, aliases)
     install_error_handlers(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)

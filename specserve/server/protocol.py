@@ -10,7 +10,7 @@ our own objects (`speculation`, `structured_outputs`). Structured outputs come a
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -69,6 +69,8 @@ SpecTokens = Annotated[StrictInt, Field(ge=0, le=16)]
 
 class OpenAIModel(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    # Fields where null means something of its own rather than "the default".
+    _null_is_none: ClassVar[frozenset[str]] = frozenset()
 
     @model_validator(mode="before")
     @classmethod
@@ -79,7 +81,8 @@ class OpenAIModel(BaseModel):
             return data
         fields = cls.model_fields
         return {k: v for k, v in data.items()
-                if v is not None or k not in fields or fields[k].default is None}
+                if v is not None or k not in fields or fields[k].default is None
+                or k in cls._null_is_none}
 
 
 # ---- requests -------------------------------------------------------------------------------
@@ -257,8 +260,12 @@ class CompletionRequest(SamplingRequest):
     prompt: Annotated[StrictStr | list[StrictStr] | list[TokenId] | list[list[TokenId]],
                       one_of("a string, a list of strings, a list of token ids or a list of "
                              "lists of token ids")]
+    # Absent: OpenAI's 16; null: the rest of the context (vLLM's reading).
+    _null_is_none = frozenset({"max_tokens"})
     max_tokens: PositiveInt | None = 16
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    # vLLM's: a completion's prompt gets the tokenizer's special tokens (a BOS) unless false.
+    add_special_tokens: StrictBool = True
     echo: StrictBool = False
     suffix: StrictStr | None = None
     best_of: StrictInt | None = None

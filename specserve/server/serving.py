@@ -65,9 +65,12 @@ class OpenAIServing:
     """Completions and chat completions over an AsyncEngine."""
 
     def __init__(self, engine: AsyncEngine, model_name: str,
-                 metrics: ServerMetrics | None = None):
+                 metrics: ServerMetrics | None = None, aliases: tuple[str, ...] = ()):
         self.engine = engine
         self.model_name = model_name
+        # Other names a request may use for it: the model argument as the server was started
+        # with it (vLLM's default served name, a path; ours is its last part).
+        self._names = {model_name, *aliases}
         self.metrics = metrics
         self.max_model_len = engine.engine.max_model_len
         # The front end's own copy of the tokenizer (the engine thread keeps the original for
@@ -89,8 +92,8 @@ class OpenAIServing:
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         with _refused_as_400():
-            prompt_ids = [encode_prompt(self._tokenizer, p) if isinstance(p, str) else list(p)
-                          for p in req.prompts()]
+            prompt_ids = [encode_prompt(self._tokenizer, p, req.add_special_tokens)
+                          if isinstance(p, str) else list(p) for p in req.prompts()]
             for ids in prompt_ids:
                 self._check_length(len(ids), req.max_tokens)
             params = req.to_sampling_params(req.max_tokens, req.logprobs)
@@ -143,7 +146,7 @@ class OpenAIServing:
 
     # ---- validation and submission ------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.model_name:
+        if model is not None and model not in self._names:
             raise APIError(404, f"The model `{model}` does not exist.", param="model",
                            code="model_not_found")
 
