@@ -367,8 +367,36 @@ def test_a_model_is_found_by_its_path_as_the_server_was_started_with_it(tmp_path
                             404)
 
 
+def test_a_browser_may_call_the_server_from_the_allowed_origins(llm):
+    """--allowed-origins answers a browser's preflight (before the API key, which a preflight
+    never carries) and marks the responses; without it there are no CORS headers and the
+    preflight is a 405, as before."""
+    from fastapi.testclient import TestClient
+
+    from specserve.server.api_server import build_app
+
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    app = build_app(llm.engine, served_model_name=NAME, api_key="k",
+                    allowed_origins=["https://app.example"])
+    with TestClient(app) as http:
+        r = http.options("/v1/completions", headers=preflight)
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "https://app.example"
+        r = http.get("/v1/models", headers={"Origin": "https://app.example",
+                                            "Authorization": "Bearer k"})
+        assert r.status_code == 200
+        assert r.headers["access-control-allow-origin"] == "https://app.example"
+        other = http.options("/v1/completions", headers={**preflight, "Origin": "https://evil"})
+        assert "access-control-allow-origin" not in other.headers
+    with TestClient(build_app(llm.engine, served_model_name=NAME)) as http:
+        r = http.options("/v1/completions", headers=preflight)
+        assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+
+
 @pytest.mark.parametrize("flag", [("--max-queue", "-1"), ("--shutdown-timeout", "-5"),
-                                  ("--shutdown-timeout", "nan"), ("--stream-interval", "0")])
+                                  ("--shutdown-timeout", "nan"), ("--stream-interval", "0"),
+                                  ("--allowed-origins", ",")])
 def test_serve_refuses_out_of_range_flags(flag, capsys):
     import argparse
 

@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -116,7 +117,8 @@ class ApiKeyMiddleware:
 
 def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
               api_key: str | None = None, max_queue: int | None = 256,
-              engine_thread: bool = True, stream_interval: int = 1) -> FastAPI:
+              engine_thread: bool = True, stream_interval: int = 1,
+              allowed_origins: list[str] | None = None) -> FastAPI:
     """The FastAPI app around a loaded engine. The engine thread starts with the app's lifespan
     and stops with it, aborting whatever is still running."""
     model_name = served_model_name or engine.model_name
@@ -146,6 +148,9 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
     install_error_handlers(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if allowed_origins:  # added last, so outermost: a browser's preflight needs no key
+        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
+                           allow_headers=["*"])
     app.include_router(router)
     return app
 
@@ -166,7 +171,7 @@ def run_server(args: argparse.Namespace) -> None:
                 engine.block_manager.num_blocks)
     app = build_app(engine, served_model_name=args.served_model_name, api_key=args.api_key,
                     max_queue=args.max_queue, engine_thread=False,
-                    stream_interval=args.stream_interval)
+                    stream_interval=args.stream_interval, allowed_origins=args.allowed_origins)
     # uvicorn cancels the responses still open when its graceful timeout runs out (a cut
     # stream, a bare 500); the engine aborts them first (drain), and uvicorn waits a little
     # longer than that for them to end properly.

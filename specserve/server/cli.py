@@ -26,6 +26,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="send streamed tokens every N engine steps (first tokens and finished "
                         "requests at once); >1 costs smoothness, saves a wake-up of the HTTP "
                         "thread and every client per step (see docs/performance.md)")
+    p.add_argument("--allowed-origins", type=_origins, default=None,
+                   help="origins a browser may call the server from (CORS), comma-separated, "
+                        "or '*' for any (vLLM allows any by default; default here: none, no "
+                        "CORS headers)")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients must send (default: the model's own name)")
     p.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
@@ -47,6 +51,13 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
+
+
+def _origins(text: str) -> list[str]:
+    origins = [o.strip() for o in text.split(",") if o.strip()]
+    if not origins:
+        raise argparse.ArgumentTypeError("expected origins such as https://app.example or '*'")
+    return origins
 
 
 def _seconds(text: str) -> float:
