@@ -11,6 +11,8 @@ import time
 from dataclasses import asdict, replace
 from pathlib import Path
 
+from specserve.server.cli import positive_int  # argparse and os only: --help stays fast
+
 
 def _ints(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
@@ -18,14 +20,6 @@ def _ints(text: str) -> tuple[int, ...]:
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def _positive_int(text: str) -> int:
-    """argparse type of --repeats: 0 repetitions would measure nothing and fail at the table."""
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
-    return n
 
 
 def _common_engine_args(p: argparse.ArgumentParser) -> None:
@@ -211,7 +205,7 @@ def _add_lab(bench) -> None:
                         "eagle-static, adaptive-eagle (with a trained head), cache+quant "
                         "(default: all)")
     p.add_argument("--concurrency", default=None, help="e.g. 1,32 (default: the preset's)")
-    p.add_argument("--repeats", type=_positive_int, default=None,
+    p.add_argument("--repeats", type=positive_int, default=None,
                    help="repetitions: each builds every strategy again in a fresh process, in "
                         "a rotated order; figures become median [min-max]")
     p.add_argument("--num-prompts", type=int, default=None,
@@ -386,7 +380,7 @@ def _add_online(bench) -> None:
     p.add_argument("--out", default=None, help="write the results to this JSON file")
     p.add_argument("--compare-offline", action="store_true",
                    help="also run the same points in-process with the engine flags below")
-    p.add_argument("--repeats", type=_positive_int, default=1,
+    p.add_argument("--repeats", type=positive_int, default=1,
                    help="runs per point (online and offline alternating); the median run is "
                         "shown, and with --compare-offline the median of per-round ratios "
                         "(many short runs resolve a few %% here: e.g. --repeats 30 "
@@ -433,7 +427,7 @@ def _add_quant(bench) -> None:
     p.add_argument("--ppl-tokens", type=int, default=4096)
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--no-llama-cpp", action="store_true")
-    p.add_argument("--repeats", type=_positive_int, default=1,
+    p.add_argument("--repeats", type=positive_int, default=1,
                    help="repetitions (rotated order, each mode in a fresh process); medians")
     p.add_argument("--out", default=None, help="write the results to this JSON file")
     p.set_defaults(func=cmd_quant)

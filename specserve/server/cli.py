@@ -22,7 +22,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=_non_negative_int, default=256,
                    help="requests allowed to wait beyond the --max-num-seqs running ones; "
                         "more get 429")
-    p.add_argument("--stream-interval", type=_positive_int, default=1,
+    p.add_argument("--stream-interval", type=positive_int, default=1,
                    help="send streamed tokens every N engine steps (first tokens and finished "
                         "requests at once); >1 costs smoothness, saves a wake-up of the HTTP "
                         "thread and every client per step (see docs/performance.md)")
@@ -39,7 +39,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (the bench commands' --repeats use it too)."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
