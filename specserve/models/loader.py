@@ -59,10 +59,15 @@ def embedded_model_path() -> str:
     return str(path)
 
 
+def is_embedded(model: str | None) -> bool:
+    """Whether a model argument names the shipped GGUF (None, its name, or "embedded")."""
+    return model is None or model in (EMBEDDED_NAME, "embedded")
+
+
 def load_model(model: str | None, shared_embedding: torch.Tensor | None = None) -> LoadedModel:
     """`None` or the embedded name: the shipped GGUF; a .gguf file; or a local HF directory.
     shared_embedding: the target's embedding, which a trained draft directory needs."""
-    if model is None or model in (EMBEDDED_NAME, "embedded"):
+    if is_embedded(model):
         return load_gguf(embedded_model_path(), name=EMBEDDED_NAME)
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from specserve.models.loader import EMBEDDED_NAME, is_embedded
 from specserve.models.shared_embedding import embedding_probe
 from specserve.quant.gptq import MAX_CALIBRATION_LEN
 from specserve.train.data import Sample
@@ -32,7 +33,6 @@ CALIBRATION_FILE = "calibration.json"
 # of a draft's few layers (13k and 34k tokens gave the same acceptance), ~100 KB of JSON, ~7 s at
 # load time.
 CALIBRATION_TOKENS = 16384
-EMBEDDED_NAME = "SmolLM2-135M-Instruct"  # the cache name of the embedded model's drafts
 
 
 def cached_draft_path(target: str | None, workload: str, layers: int) -> Path:
@@ -42,7 +42,7 @@ def cached_draft_path(target: str | None, workload: str, layers: int) -> Path:
     whole resolved path: two checkpoints that share a folder name (runs/a/final, runs/b/final;
     a local copy of SmolLM2-135M-Instruct beside the embedded one) must not share a draft."""
     root = Path(os.environ.get("SPECSERVE_CACHE", Path.home() / ".cache" / "specserve"))
-    if target is None or target in (EMBEDDED_NAME, "embedded"):  # load_model's names for it
+    if is_embedded(target):
         name = EMBEDDED_NAME
     else:
         where = Path(str(target)).expanduser().resolve()
