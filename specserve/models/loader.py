@@ -209,11 +209,16 @@ def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
         if tg == tu:
             raw_q[p + "mlp.gate_up_proj"] = (np.concatenate([rg, ru]), tg)
         raw_q[p + "mlp.down_proj"] = raw(b + "ffn_down.weight")
-    unused = sorted(set(tensors) - used)
-    if unused:  # attn_output.bias, say: dropped, the outputs would be wrong
-        raise ValueError(f"{path}: {len(unused)} tensors have no place in the model specserve "
-                         f"runs: {', '.join(unused[:6])}")
+    _refuse_unplaced(path, set(tensors) - used)  # attn_output.bias, say
     return cfg, sd, raw_q
+
+
+def _refuse_unplaced(path, unused: set[str]) -> None:
+    """A checkpoint tensor the model has no place for would be dropped silently, and the
+    outputs be wrong: an error instead (a GGUF's and a Hugging Face directory's alike)."""
+    if unused:
+        raise ValueError(f"{path}: {len(unused)} weights have no place in the model specserve "
+                         f"runs: {', '.join(sorted(unused)[:6])}")
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -338,13 +343,10 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
         sd[p + "mlp.gate_up_proj.weight"] = torch.cat(
             [get(h + "mlp.gate_proj.weight"), get(h + "mlp.up_proj.weight")])
         sd[p + "mlp.down_proj.weight"] = get(h + "mlp.down_proj.weight")
-    # A tensor the model has no place for (o_proj's bias in a Llama with attention_bias, a
-    # layer past num_hidden_layers, ...) would be dropped silently, and the outputs be wrong.
-    unused = [k for k in hf_sd if k not in used and not k.endswith("rotary_emb.inv_freq")
-              and not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
-    if unused:
-        raise ValueError(f"{path}: {len(unused)} weights have no place in a {model_type} model "
-                         f"specserve runs: {', '.join(sorted(unused)[:6])}")
+    # o_proj's bias in a Llama with attention_bias, a layer past num_hidden_layers, ...
+    _refuse_unplaced(path, {k for k in hf_sd if k not in used
+                            and not k.endswith("rotary_emb.inv_freq")
+                            and not (k == "lm_head.weight" and cfg.tie_word_embeddings)})
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     head_ids = None
     if draft is not None and draft.get("head_vocab_ids_file"):
