@@ -40,16 +40,25 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
+def check_rope(params: dict, source: str) -> None:
+    """Refuse rope parameters one table cannot serve: a length-dependent rope_type, or a rope
+    over part of the head."""
+    if params.get("rope_type", "default") not in STATIC_ROPE_TYPES \
+            or params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"{source}: rope {params} is not supported (rope_type one of "
+                         f"{', '.join(STATIC_ROPE_TYPES)}, over the whole head)")
+
+
 def scaled_inv_freq(head_dim: int, max_position: int, theta: float, params: dict
                     ) -> tuple[torch.Tensor, float]:
     """(inverse frequencies [head_dim / 2] in fp32, attention factor) of a scaled rope."""
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    rope_type = params.get("rope_type")
-    if rope_type not in STATIC_ROPE_TYPES[1:]:
-        raise ValueError(f"rope_type {rope_type!r} is not supported (supported: "
-                         f"{', '.join(STATIC_ROPE_TYPES)})")
+    check_rope(params, "rotary embedding")
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        raise ValueError(f"rotary embedding: {params} names no scaled rope")
     config = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
                          max_position_embeddings=max_position, rope_theta=theta,
                          rope_scaling=dict(params))  # read by transformers 4 and 5 alike

@@ -239,7 +239,7 @@ def _rope_parameters(path: Path) -> dict:
     among them, from rope_parameters or the older rope_scaling)."""
     from transformers import AutoConfig
 
-    from specserve.layers.rotary import STATIC_ROPE_TYPES
+    from specserve.layers.rotary import check_rope
 
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     params = getattr(config, "rope_parameters", None)
@@ -248,10 +248,7 @@ def _rope_parameters(path: Path) -> dict:
         params["rope_type"] = params.pop("type", params.get("rope_type", "default"))
         params["rope_theta"] = getattr(config, "rope_theta", 10000.0)
     params = dict(params)
-    if params.get("rope_type", "default") not in STATIC_ROPE_TYPES \
-            or params.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(f"{path}: rope {params} is not supported (rope_type one of "
-                         f"{', '.join(STATIC_ROPE_TYPES)}, over the whole head)")
+    check_rope(params, str(path))
     return params
 
 
