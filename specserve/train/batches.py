@@ -84,6 +84,16 @@ class Predictor:
     argmax: Callable[[torch.Tensor], torch.Tensor]  # [n, hidden] -> [n] full-vocabulary ids
 
 
+def agreement_counts(pred: torch.Tensor, labels: torch.Tensor, skip_first: bool = True
+                     ) -> tuple[int, int]:
+    """(positions where a reply's prediction is the target's token, positions). The reply's
+    first token is left out unless skip_first is False: the target's prefill emits it, and no
+    draft ever guesses it when serving."""
+    if skip_first:
+        pred, labels = pred[1:], labels[1:]
+    return int((pred == labels).sum()), len(labels)
+
+
 def reply_rows(x: torch.Tensor, items: Sequence[Prepared]) -> torch.Tensor:
     """Rows of x ([B, T, ...], one item per row) at each item's reply positions, concatenated."""
     return torch.cat([x[r, it.start:len(it.token_ids) - 1] for r, it in enumerate(items)])

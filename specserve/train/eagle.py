@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from specserve.models.llama import LlamaModel
 from specserve.spec_decode.eagle_head import EagleHead, feature_rows, shift_features
-from specserve.train.batches import clip, length_batches
+from specserve.train.batches import agreement_counts, clip, length_batches
 from specserve.train.data import Sample
 from specserve.train.dense_forward import dense_hidden_and_streams, pad_batch
 from specserve.train.draft_net import select_head_ids
@@ -153,9 +153,10 @@ def head_outputs(head: EagleHead, batch: Sequence[Featured], noise: float = 0.0,
     return _reply(out, batch), _reply(feats[..., :h], batch)
 
 
-def agreement(head: EagleHead, items: Sequence[Featured]) -> dict[str, list[int]]:
+def agreement(head: EagleHead, items: Sequence[Featured], skip_first: bool = True
+              ) -> dict[str, list[int]]:
     """Per kind: [positions where the head's first guess is the target's token, positions],
-    the reply's first token left out as in train/report.py (serving never guesses it)."""
+    the reply's first token left out unless skip_first is False (batches.agreement_counts)."""
     counts: dict[str, list[int]] = {}
     with torch.no_grad():
         for idx in length_batches(items, 8192):
@@ -165,9 +166,10 @@ def agreement(head: EagleHead, items: Sequence[Featured]) -> dict[str, list[int]
             labels = torch.tensor([t for it in batch for t in it.token_ids[it.start + 1:]])
             for it, g, lab in zip(batch, guess.split([it.num_positions for it in batch]),
                                   labels.split([it.num_positions for it in batch]), strict=True):
+                matched, positions = agreement_counts(g, lab, skip_first)
                 c = counts.setdefault(it.kind, [0, 0])
-                c[0] += int((g[1:] == lab[1:]).sum())
-                c[1] += it.num_positions - 1
+                c[0] += matched
+                c[1] += positions
     return counts
 
 

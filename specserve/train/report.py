@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from specserve.models.llama import LlamaModel
-from specserve.train.batches import Predictor, Prepared, predict_rows
+from specserve.train.batches import Predictor, Prepared, agreement_counts, predict_rows
 from specserve.train.dense_forward import dense_layers
 from specserve.train.draft_net import DraftNet
 
@@ -37,9 +37,10 @@ def greedy_agreement(predict: Predictor, items: Sequence[Prepared]) -> dict[str,
     """Per kind: [matching positions, positions], the reply's first token left out."""
     counts: dict[str, list[int]] = {}
     for item, pred in predict_rows(predict, items):
+        matched, positions = agreement_counts(pred, torch.tensor(item.labels))
         c = counts.setdefault(item.kind, [0, 0])
-        c[0] += int((pred[1:] == torch.tensor(item.labels[1:])).sum())
-        c[1] += item.num_positions - 1
+        c[0] += matched
+        c[1] += positions
     return counts
 
 

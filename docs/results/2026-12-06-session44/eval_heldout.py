@@ -24,29 +24,10 @@ from specserve.llm import LLM
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
 from specserve.spec_decode.eagle_io import load_eagle
-from specserve.train.batches import length_batches
 from specserve.train.data import generate_samples, split_by_kind, unique_prompts, workload_prompts
-from specserve.train.eagle import EagleConfig, featurize, head_outputs
+from specserve.train.eagle import EagleConfig, agreement, featurize
 from specserve.train.loop import autocast
 from specserve.train.pipeline import _teacher
-
-
-def counts(head, items, skip_first: bool) -> dict[str, list[int]]:
-    """Per kind: [agreeing positions, positions]."""
-    out: dict[str, list[int]] = {}
-    with torch.no_grad():
-        for idx in length_batches(items, 8192):
-            batch = [items[i] for i in idx]
-            pred, _ = head_outputs(head, batch)
-            guess = head.to_full_ids(head.compute_logits(pred).argmax(dim=-1))
-            sizes = [it.num_positions for it in batch]
-            for it, g in zip(batch, guess.split(sizes), strict=True):
-                lab = torch.tensor(it.token_ids[it.start + 1:])
-                g, lab = (g[1:], lab[1:]) if skip_first else (g, lab)
-                c = out.setdefault(it.kind, [0, 0])
-                c[0] += int((g == lab).sum())
-                c[1] += len(lab)
-    return out
 
 
 def main(path: str) -> None:
@@ -72,7 +53,7 @@ def main(path: str) -> None:
                                      True),
                                     ("new: whole prompts, first token left out", None, True)):
             feats = featurize(teacher, held, context, head.feature_layers, s["head_context"])
-            rows[name] = counts(head, feats, skip)
+            rows[name] = agreement(head, feats, skip)
     kinds = sorted({k for r in rows.values() for k in r})
     print(f"{path}: {len(held)} held-out replies")
     print(f"{'metric':<44}" + "".join(f"{k:>8}" for k in kinds) + f"{'all':>8}{'positions':>11}")
