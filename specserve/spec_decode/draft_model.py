@@ -147,13 +147,14 @@ class DraftModelProposer(ModelProposer):
                 seq = seqs[i]
                 cached = bm.find_cached_prefix(seq) if not seq.block_ids else []
                 seq.num_computed_tokens += len(cached) * bm.block_size
-                n = seq.num_tokens + len(seq.spec_token_ids) - seq.num_computed_tokens
-                if not bm.allocate(seq, min(n, chunk), cached):
+                n = min(seq.num_tokens + len(seq.spec_token_ids) - seq.num_computed_tokens,
+                        chunk)
+                if not bm.allocate(seq, n, cached):
                     seq.num_computed_tokens -= len(cached) * bm.block_size
                     alive.remove(i)  # the draft pool is full: this request guesses no further
                     continue
                 self.num_prefix_hit_tokens += len(cached) * bm.block_size
-                batch.append((seq, min(n, chunk)))
+                batch.append((seq, n))
             if not batch:
                 break
             inputs = self.runner.prepare(batch)

@@ -69,14 +69,6 @@ def _data_and_target(target: str | None, items: Sequence[PromptItem], data_cfg: 
     return data, loaded, build_model(loaded.config, loaded.state_dict, torch.float32)
 
 
-def _check_draft_layers(cfg: DistillConfig) -> Callable[[ModelConfig], None]:
-    return lambda target: check_draft_layers(cfg.num_layers, target.num_layers)
-
-
-def _check_feature_layers(cfg: EagleConfig) -> Callable[[ModelConfig], None]:
-    return lambda target: check_feature_layers(cfg.feature_layers or (), target.num_layers)
-
-
 def _teacher(loaded, model: LlamaModel, dtype: str) -> LlamaModel:
     """The target in the dtype it is served in: its hidden states are what the draft learns
     from (and, for EAGLE, what the head reads in serving). The fp32 `model` when that is it."""
@@ -121,8 +113,9 @@ def train_draft(target: str | None, items: Sequence[PromptItem], out: str | Path
                 num_threads: int | None = None, source: str = "") -> TrainOutcome:
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
-    data, loaded, model = _data_and_target(target, items, data_cfg, cfg.seed, num_threads,
-                                           _check_draft_layers(cfg))
+    data, loaded, model = _data_and_target(
+        target, items, data_cfg, cfg.seed, num_threads,
+        lambda target_cfg: check_draft_layers(cfg.num_layers, target_cfg.num_layers))
     result = distill(model, data, cfg, _teacher(loaded, model, data_cfg.dtype))
     with autocast(cfg):
         acceptance = acceptance_report(model, result.draft, result.held_out)
@@ -154,8 +147,9 @@ def train_eagle_head(target: str | None, items: Sequence[PromptItem], out: str |
                      num_threads: int | None = None, source: str = "") -> TrainOutcome:
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
-    data, loaded, model = _data_and_target(target, items, data_cfg, cfg.seed, num_threads,
-                                           _check_feature_layers(cfg))
+    data, loaded, model = _data_and_target(
+        target, items, data_cfg, cfg.seed, num_threads,
+        lambda target_cfg: check_feature_layers(cfg.feature_layers or (), target_cfg.num_layers))
     result = train_eagle(model, data.train, data.held_out, cfg,
                          _teacher(loaded, model, data_cfg.dtype))
     with torch.no_grad(), autocast(cfg):
