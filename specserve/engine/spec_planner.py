@@ -50,10 +50,10 @@ class SpeculationPlanner:
         self.scheduler = scheduler
         self.stats = stats  # EngineStats: draft_time accrues here
         self.max_model_len = max_model_len
-        # Seconds of the last propose(), when some request drafted (0 otherwise): planning and
-        # guessing (stats), and the proposer's forwards alone
-        # (what the draft's cost model predicts: planning is paid at K = 0 too, and charged to
-        # the forwards it made a cheap draft network look dearer).
+        # Seconds of the last propose(), when some request drafted (0 otherwise): all of it,
+        # planning included (stats), and the proposer's forwards alone (what the draft's cost
+        # model predicts: planning is paid at K = 0 too, and charged to the forwards it made a
+        # cheap draft network look dearer).
         self.last_draft_time = self.last_propose_time = 0.0
         # (size, prefill?, members or None) of the standing all-zero plan
         self._idle_plan: tuple[int, bool, frozenset[str] | None] | None = None
