@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from specserve.bench.baselines import llama_cpp_available
 from specserve.bench.isolate import Progress, run_isolated
+from specserve.bench.report import fmt  # "—" for a figure not measured
 
 # The KV modes and the weight-only modes run in the engine's "auto" dtype (bf16 where the CPU has
 # bf16 GEMMs, else fp32; the integer modes always bf16): each row records what it ran in.
@@ -163,11 +164,6 @@ def run_quant_bench(modes: list[str], settings: QuantSettings, progress: Progres
             "llama_cpp": _median_of(runs["llama.cpp"]) if "llama.cpp" in runs else None}
 
 
-def _num(v: float | None, spec: str) -> str:
-    """A figure that may be missing (None: no second token to time)."""
-    return "—" if v is None else format(v, spec)
-
-
 def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a and b else "—"
 
@@ -188,10 +184,10 @@ def format_quant(result: dict) -> str:
             f"{r['kv_blocks']:>9} "
             f"{r['max_1k_seqs']:>7} {r['perplexity']:>8.3f} "
             f"{100 * (r['perplexity'] / ref['perplexity'] - 1):>+7.2f} {r['tok_s_c1']:>8.1f} "
-            f"{_num(r['decode_tok_s_c1'], '.1f'):>9} {r['tok_s_batch']:>9.1f} {vs:>15}")
+            f"{fmt(r['decode_tok_s_c1']):>9} {r['tok_s_batch']:>9.1f} {vs:>15}")
     if lcpp:
         lines.append(f"{lcpp['mode']:<22} {'':>8} {'':>11} {'':>9} {'':>7} {'':>8} {'':>7} "
-                     f"{lcpp['tok_s_c1']:>8.1f} {_num(lcpp['decode_tok_s_c1'], '.1f'):>9} "
+                     f"{lcpp['tok_s_c1']:>8.1f} {fmt(lcpp['decode_tok_s_c1']):>9} "
                      f"{'':>9} {'1.00x / 1.00x':>15}")
     else:
         lines.append("llama.cpp: not measured (pip install -e '.[peers]' adds llama-cpp-python)")
