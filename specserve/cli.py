@@ -45,6 +45,16 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jump-forward-tokens", type=int, default=8,
                    help="most tokens a structured-output grammar forces that are verified as "
                         "drafts in one step (0: off; needs no --speculative-config)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="the longest context (prompt plus output) a request may have "
+                        "(default: the model's, as far as the KV pool holds it)")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template, or a file holding one, for a model without "
+                        "one or to replace its own")
+    p.add_argument("--generation-config", default="auto",
+                   help="default sampling for requests that leave it unset: auto (the model "
+                        "directory's generation_config.json, as vLLM) | vllm (ignore it) | a "
+                        "folder holding one")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict:
@@ -54,7 +64,9 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               max_num_seqs=args.max_num_seqs,
               enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
               num_threads=args.num_threads, speculation_policy=args.speculation_policy,
-              jump_forward_tokens=args.jump_forward_tokens)
+              jump_forward_tokens=args.jump_forward_tokens,
+              generation_config=args.generation_config, max_model_len=args.max_model_len,
+              chat_template=args.chat_template)
     if args.speculative_config is not None:
         kw["speculative_config"] = args.speculative_config
     return kw
@@ -67,19 +79,28 @@ def make_llm(args: argparse.Namespace):
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    # Unset: the model's generation_config.json value (--generation-config), else CLI_SAMPLING.
+    p.add_argument("--max-tokens", type=int, default=None, help="default 128")
+    p.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
+    p.add_argument("--top-p", type=float, default=None, help="default 1")
+    p.add_argument("--top-k", type=int, default=None, help="default 0 (off)")
     p.add_argument("--sample-seed", type=int, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
+    p.add_argument("--repetition-penalty", type=float, default=None, help="default 1")
     p.add_argument("--structured-outputs", type=json.loads, default=None,
                    help='one constraint, as vLLM\'s StructuredOutputsParams: {"json": SCHEMA}, '
                         '{"json_object": true}, {"regex": R}, {"choice": [...]} or '
                         '{"grammar": EBNF}')
 
 
-def sampling_params(args: argparse.Namespace):
+# The CLI's own defaults where neither a flag nor the model's generation_config.json sets a
+# value: greedy, so that a command gives the same answer every time.
+CLI_SAMPLING = {"max_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+                "repetition_penalty": 1.0}
+
+
+def sampling_params(args: argparse.Namespace, model_defaults: dict | None = None):
+    """The flags' SamplingParams; a flag left unset takes the model's default (model_defaults,
+    LLMEngine.sampling_defaults), else CLI_SAMPLING's."""
     from specserve import SamplingParams, StructuredOutputsParams
 
     structured = None
@@ -90,15 +111,16 @@ def sampling_params(args: argparse.Namespace):
             structured = StructuredOutputsParams(**args.structured_outputs)
         except TypeError as exc:  # an unknown key
             raise ValueError(f"--structured-outputs: {exc}") from None
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                          top_p=args.top_p, top_k=args.top_k, seed=args.sample_seed,
-                          repetition_penalty=args.repetition_penalty,
-                          structured_outputs=structured)
+    flags = {name: getattr(args, name) for name in CLI_SAMPLING}
+    values = CLI_SAMPLING | (model_defaults or {}) | {k: v for k, v in flags.items()
+                                                     if v is not None}
+    return SamplingParams(**values, seed=args.sample_seed, structured_outputs=structured)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    params = sampling_params(args)  # bad flags fail before the model loads
+    sampling_params(args)  # bad flags fail before the model loads
     llm = make_llm(args)
+    params = sampling_params(args, llm.engine.sampling_defaults)
     if args.chat:
         outs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
     else:
@@ -111,8 +133,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 def cmd_chat(args: argparse.Namespace) -> None:
     """An interactive chat loop in the terminal, streaming the reply."""
-    params = sampling_params(args)
+    sampling_params(args)  # bad flags fail before the model loads
     llm = make_llm(args)
+    params = sampling_params(args, llm.engine.sampling_defaults)
     engine = llm.engine
     messages: list[dict] = []
     print("specserve chat — empty line or Ctrl-D to quit")

@@ -13,7 +13,8 @@ _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 
 
 def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
-    """A dtype setting as a torch dtype. "auto" is bf16 on CUDA and on CPUs where bf16 beats
+    """A dtype setting as a torch dtype. "auto" is bf16 on CUDA GPUs that have it (fp16 on
+    older ones: a T4 or V100 emulates bf16, as vLLM falls back too) and on CPUs where bf16 beats
     fp32 (native bf16 GEMMs, or AVX2 for our small-row kernel), fp32 on other CPUs
     (specserve/hardware.py says why)."""
     if isinstance(dtype, torch.dtype):
@@ -21,8 +22,10 @@ def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") ->
     if dtype == "auto":
         from specserve.hardware import cpu_runs_bf16_well
 
-        good = torch.device(device).type == "cuda" or cpu_runs_bf16_well()
-        return torch.bfloat16 if good else torch.float32
+        if torch.device(device).type == "cuda":
+            with torch.cuda.device(torch.device(device)):
+                return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_runs_bf16_well() else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)} or 'auto'")
     return _DTYPES[dtype]
@@ -136,10 +139,21 @@ class EngineConfig:
     # Most grammar-forced tokens a structured-output request verifies as drafts per step
     # (jump-forward, sample/grammar.py); 0 turns them off. They need no speculative_config.
     jump_forward_tokens: int = 8
+    # Default sampling for requests that leave a parameter unset: "auto" reads the model
+    # directory's generation_config.json (vLLM's default), "vllm" ignores it, or a folder.
+    generation_config: str = "auto"
+    # The longest context (prompt plus output) a request may have; None: the model's, as far
+    # as the KV pool holds it. vLLM's max_model_len.
+    max_model_len: int | None = None
+    # A Jinja chat template, or a file holding one, for a tokenizer that has none (a base
+    # model) or to replace its own. vLLM's --chat-template.
+    chat_template: str | None = None
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be >= 2 (a prompt token and an output token)")
         if self.jump_forward_tokens < 0:
             raise ValueError("jump_forward_tokens must be >= 0 (0 turns jump-forward drafts off)")
         if self.dtype != "auto":

@@ -42,6 +42,11 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What `generate` and `chat` use without SamplingParams: the engine's defaults with the
+        model's generation_config.json applied (vLLM's `--generation-config auto`)."""
+        return self.engine.default_sampling_params()
+
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  *, use_tqdm: bool = False) -> list[RequestOutput]:
@@ -55,7 +60,7 @@ class LLM:
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = [_prompt_input(p) for p in prompts]
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
@@ -105,13 +110,17 @@ class LLM:
         text where it begins, which may be text a step already produced."""
         req = self.engine.add_request(_prompt_input(prompt), sampling_params, stream=True)
         holdback = max(map(len, req.params.stop), default=1) - 1
+        shown = 0  # characters of the text yielded so far
         try:
             while True:
                 for out in self.engine.step():
                     if out.request_id == req.request_id:
+                        text = out.outputs[0].text
                         if holdback and not out.finished:
-                            text = out.outputs[0].text
-                            out.outputs[0].text = text[:max(len(text) - holdback, 0)]
+                            text = out.outputs[0].text = text[:max(len(text) - holdback, 0)]
+                        # What this output adds to the text shown before it (the deltas join
+                        # to the final text; a stop match only ever cuts held-back text).
+                        out.delta_text, shown = text[shown:], len(text)
                         yield out
                         if out.finished:
                             return

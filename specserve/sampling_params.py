@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json as _json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -54,6 +54,9 @@ class StructuredOutputsParams:
 _CONSTRAINTS = ("json", "json_object", "regex", "choice", "grammar")
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -90,7 +93,6 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -153,9 +155,10 @@ class SamplingParams:
             value = getattr(self, name)
             if not _is_number(value) or not -2 <= value <= 2:
                 bad(f"{name} must be in [-2, 2], got {value!r}")
-        # vLLM's range; past float32's (~3.4e38) the penalty turned a 0 logit into NaN
-        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= 2:
-            bad(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty!r}")
+        # vLLM's rule (> 0); past float32's range (~3.4e38) it turned a 0 logit into NaN
+        if not _is_number(self.repetition_penalty) or \
+                not 0 < self.repetition_penalty <= _FLOAT32_MAX:
+            bad(f"repetition_penalty must be > 0 (and finite), got {self.repetition_penalty!r}")
         if self.logit_bias is not None and (
                 not isinstance(self.logit_bias, dict)
                 or any(not _is_int(t) or t < 0 for t in self.logit_bias)

@@ -90,3 +90,24 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list
                              min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
                              pad_token_id=0)
     return out[:, width:].tolist()
+
+
+class FakeClock:
+    """Stands in for `time` in specserve/train/loop.py: every reading advances `tick` seconds,
+    so a budgeted run stops at the same step on any machine, however loaded."""
+
+    def __init__(self, tick: float):
+        self.now, self.tick = 0.0, tick
+
+    def perf_counter(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+@pytest.fixture
+def fake_clock(monkeypatch) -> FakeClock:
+    from specserve.train import loop
+
+    clock = FakeClock(tick=0.01)
+    monkeypatch.setattr(loop, "time", clock)
+    return clock

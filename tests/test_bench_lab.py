@@ -37,10 +37,13 @@ RUN_FIELDS = {
     "output_tok_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
     "num_preemptions", "num_draft_tokens", "num_accepted_tokens", "num_verifications",
     "acceptance_rate", "mean_accepted_length", "spec_k_histogram", "spec_k_mean",
-    "spec_step_time_rel_error", "prefix_cache_hit_rate", "draft_time_s", "verify_time_s",
+    "spec_step_time_rel_error", "spec_step_time_predicted_ms", "spec_step_time_actual_ms",
+    "requests_drafted", "request_acceptance_p10", "request_acceptance_p50",
+    "request_acceptance_p90", "prefix_cache_hit_rate", "draft_time_s", "verify_time_s",
     "step_time_s", "target_weight_bytes", "target_kv_bytes", "draft_weight_bytes",
     "draft_kv_bytes", "kv_blocks_total", "kv_blocks_peak_used", "max_in_flight", "requests"}
-REQUEST_FIELDS = {"prompt_tokens", "output_tokens", "ttft_s", "tpot_s", "start_s", "end_s"}
+REQUEST_FIELDS = {"prompt_tokens", "output_tokens", "ttft_s", "tpot_s", "start_s", "end_s",
+                  "num_draft_tokens", "num_accepted_tokens"}
 MACHINE_FIELDS = {"cpu_model", "cpu_cores", "ram_bytes", "torch", "transformers", "git_commit",
                   "date", "dtype", "seed", "repeats", "preset"}
 
@@ -109,6 +112,12 @@ def test_lab_end_to_end(tmp_path, capsys):
         if p["strategy"] == "vanilla":
             assert run["num_draft_tokens"] == 0 and run["acceptance_rate"] is None
         assert run["cost_model_ms"] is None  # neither policy prices anything
+    # The speculative row really speculated (a lab that dropped its config would measure
+    # vanilla twice), and its per-request spread is recorded and printed.
+    spec_runs = [p["runs"][0] for p in data["points"] if p["strategy"] == "ngram-static"]
+    assert sum(r["num_draft_tokens"] for r in spec_runs) > 0
+    assert sum(r["requests_drafted"] for r in spec_runs) > 0
+    assert "speculation (median run of each point)" in printed
     for name in ("throughput_vs_concurrency", "tpot_vs_concurrency", "acceptance_by_workload",
                  "memory_breakdown"):
         assert_png(tmp_path / f"{name}.png")
@@ -164,6 +173,8 @@ def test_sweep_end_to_end(tmp_path, capsys):
             assert run["num_draft_tokens"] == 0
         else:
             assert set(run["spec_k_histogram"]) <= {"0", "1", "2"}  # capped by max_tokens
+    assert sum(run["num_draft_tokens"] for (policy, _), run in cells.items()
+               if policy == "static:2") > 0
     assert data["summary"]["ratios"] == []  # no adaptive policy in this sweep
     assert_png(tmp_path / "sweep_ngram_json.png")
 
@@ -705,3 +716,26 @@ def test_the_hf_baseline_from_our_state_dict_is_the_same_model(tmp_path, arch):
     ids = torch.tensor([[3, 9, 27, 5, 11]])
     with torch.inference_mode():
         torch.testing.assert_close(ours(ids).logits, theirs(ids).logits)
+
+
+def test_speculation_table_shows_k_shares_step_prices_and_the_spread_over_requests():
+    """What #4 asks the benchmark output to show: the chosen-K distribution, predicted against
+    measured step time, and acceptance per request, from the run figures."""
+    from rich.console import Console
+
+    from specserve.bench.lab import RequestRecord, request_acceptance
+    from specserve.bench.report import k_shares, speculation_table
+
+    records = [RequestRecord(10, 20, 0.1, 0.01, num_draft_tokens=d, num_accepted_tokens=a)
+               for d, a in [(10, 9), (10, 5), (10, 1), (0, 0)]]
+    spread = request_acceptance(records)
+    assert spread["requests_drafted"] == 3  # the request that never drafted is left out
+    assert spread["request_acceptance_p50"] == pytest.approx(0.5)
+    assert spread["request_acceptance_p10"] < 0.5 < spread["request_acceptance_p90"]
+    assert k_shares({"0": 6, "4": 2}) == "0:75 4:25" and k_shares({}) == "—"
+    run = {"spec_k_histogram": {"0": 6, "4": 2}, "spec_step_time_predicted_ms": 9.5,
+           "spec_step_time_actual_ms": 10.25, "acceptance_rate": 0.5, **spread}
+    console = Console(width=200, record=True)
+    console.print(speculation_table([("ngram", "json", 4, run)], "decisions"))
+    text = console.export_text()
+    assert "0:75 4:25" in text and "9.50/10.25" in text and "(3)" in text

@@ -57,7 +57,7 @@ def test_training_raises_held_out_agreement(trained):
     assert_training_raised_agreement(outcome)
 
 
-def test_time_budget_is_respected(trained, tmp_path):
+def test_time_budget_is_respected(trained, tmp_path, fake_clock):
     target, _ = trained
     cfg = EagleConfig(head_vocab=HEAD, minutes=BUDGET_S / 60, eval_every=10, batch_tokens=512,
                       show_progress=False)

@@ -402,3 +402,16 @@ def test_llm_chat_adds_no_second_bos(tmp_path):
     out = llm.chat([{"role": "user", "content": "w5 w6"}], params, add_generation_prompt=False)[0]
     assert out.prompt_token_ids == [2, 5, 6] and out.prompt == "w2 w5 w6 "
     assert llm.generate(["w5 w6"], params)[0].prompt_token_ids == [2, 5, 6]  # raw: one BOS
+
+
+def test_generate_stream_deltas_join_to_the_text_and_params_set_late_are_normalised(llm):
+    """delta_text is what each streamed output adds (it was always ""), and a stop string set on
+    SamplingParams after construction is one stop string, not one per character."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    whole = llm.generate(["Write a short poem about the sea."], params)[0].outputs[0].text
+    stop = params.stop = whole[10:14]  # set late, as a plain string
+    outs = list(llm.generate_stream("Write a short poem about the sea.", params))
+    final = outs[-1].outputs[0]
+    assert final.text == whole[:whole.find(stop)] and final.stop_reason == stop
+    assert "".join(o.delta_text for o in outs) == final.text
+    assert any(o.delta_text for o in outs[:-1])  # text arrived before the end

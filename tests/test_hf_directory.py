@@ -146,3 +146,98 @@ def test_building_an_engine_imports_neither_dynamo_nor_triton(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_generation_config_sets_the_default_sampling(tmp_path):
+    """A model's generation_config.json sets what a request leaves unset (vLLM's
+    `--generation-config auto`): here temperature 0, so a request that names no temperature is
+    greedy, and max_new_tokens is its max_tokens; `vllm` ignores the file; a request's own
+    value wins over the file."""
+    import json
+
+    path = make_tiny_model(tmp_path / "m", seed=5)
+    cfg = json.loads((path / "generation_config.json").read_text())
+    cfg |= {"temperature": 0.0, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.0,
+            "max_new_tokens": 5}
+    (path / "generation_config.json").write_text(json.dumps(cfg))
+    llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
+    defaults = llm.get_default_sampling_params()
+    assert (defaults.temperature, defaults.top_p, defaults.top_k, defaults.repetition_penalty,
+            defaults.max_tokens) == (0.0, 0.9, 50, 1.0, 5)
+    prompt = [[5, 9, 13, 2, 40]]
+    greedy = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24,
+                                                 ignore_eos=True))[0].outputs[0].token_ids
+    unset = llm.generate(prompt, None)[0].outputs[0].token_ids  # may stop at eos
+    assert unset == greedy[:len(unset)] and 0 < len(unset) <= 5
+    # The request's own temperature wins: seeded sampling at 1.0 leaves the greedy path.
+    sampled = [llm.generate(prompt, SamplingParams(temperature=1.0, seed=s, max_tokens=24,
+                                                   ignore_eos=True))[0].outputs[0].token_ids
+               for s in range(4)]
+    assert any(s != greedy for s in sampled)
+
+    plain = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, generation_config="vllm")
+    assert plain.get_default_sampling_params().temperature == 1.0
+    assert plain.get_default_sampling_params().top_p == 1.0
+
+    cfg["temperature"] = -1.0
+    (path / "generation_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="temperature"):
+        LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
+    with pytest.raises(ValueError, match="generation_config must be"):
+        LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, generation_config="nowhere")
+
+
+def test_a_bf16_checkpoint_is_read_as_is_and_the_tokenizers_eos_stops(tmp_path):
+    """Weights keep the checkpoint's dtype until build_model converts each once (no fp32 copy
+    of an 8B model on the host), and land bit-exact in a bf16 model; the tokenizer's EOS is a
+    stop token even when config.json names another (a ChatML fine-tune's <|im_end|>)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from specserve.models.llama import build_model
+    from specserve.models.loader import load_model
+
+    path = make_tiny_model(tmp_path / "m", seed=6, eos_token_id=5)
+    weights = path / "model.safetensors"
+    save_file({k: v.to(torch.bfloat16) for k, v in load_file(weights).items()}, weights,
+              metadata={"format": "pt"})
+    gen = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps(gen | {"eos_token_id": 5}))
+    loaded = load_model(str(path))
+    assert {t.dtype for t in loaded.state_dict.values()} == {torch.bfloat16}
+    assert set(loaded.config.eos_token_ids) == {5, 1}  # config's, and the tokenizer's <eos>
+    model = build_model(loaded.config, loaded.state_dict, torch.bfloat16)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert torch.equal(model.embed_tokens.weight, loaded.state_dict["embed_tokens.weight"])
+    # Without ignore_eos a reply ends at the tokenizer's EOS if the model ever samples it.
+    llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
+    params = SamplingParams(temperature=0, max_tokens=200, logit_bias={1: 100.0}, min_tokens=3)
+    out = llm.generate([[5, 9, 13]], params)[0].outputs[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) == 4 and out.token_ids[-1] == 1
+
+
+def test_chat_template_and_max_model_len_flags(tmp_path, caplog):
+    """vLLM's --chat-template gives a base model (no template: a warning at start-up) one to
+    chat with, as text or as a file; --max-model-len bounds the context below the model's."""
+    path = make_tiny_model(tmp_path / "m", seed=7)
+    with caplog.at_level("WARNING", logger="specserve"):
+        bare = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
+    assert "has no chat template" in caplog.text
+    with pytest.raises(ValueError):
+        bare.chat([{"role": "user", "content": "w5 w6"}])
+    template = "{% for m in messages %}{{ m['content'] }} {% endfor %}w9"
+    (tmp_path / "t.jinja").write_text(template)
+    for given in (template, str(tmp_path / "t.jinja")):
+        llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, chat_template=given,
+                  max_model_len=40)
+        out = llm.chat([{"role": "user", "content": "w5 w6"}],
+                       SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))[0]
+        assert out.prompt_token_ids == [5, 6, 9] and len(out.outputs[0].token_ids) == 4
+        assert llm.engine.max_model_len == 40
+    with pytest.raises(ValueError, match="maximum context length is 40"):
+        llm.generate([[5] * 40])
+    with pytest.raises(ValueError, match="longer than the model's context"):
+        LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, max_model_len=10_000)
+    with pytest.raises(ValueError, match="neither a file nor a Jinja"):
+        LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, chat_template="nope.jinja")

@@ -139,6 +139,10 @@ def test_bad_penalty_values(kwargs, field):
         SamplingParams(**kwargs)
 
 
+def test_a_repetition_penalty_above_2_is_accepted_as_in_vllm():
+    assert SamplingParams(repetition_penalty=2.5).repetition_penalty == 2.5
+
+
 def test_logit_bias_past_the_vocabulary_is_refused(llm):
     with pytest.raises(ValueError, match="logit_bias"):
         llm.generate(["Hi"], SamplingParams(logit_bias={10**6: 1.0}))

@@ -622,3 +622,31 @@ def _blocks(pid: int, tid: int, sig: int) -> bool:
     except FileNotFoundError:
         return True
     return bool(mask >> (sig - 1) & 1)
+
+
+def test_a_speculating_server_streams_the_offline_text_and_counts_its_drafts(llm):
+    """A server with an n-gram proposer under the static policy: a streamed greedy completion
+    that copies a record equals the offline engine's text without speculation, the spec-decode
+    counters move, and `"speculation": 0` in the body drafts nothing for that request."""
+    prompt = 'Copy: {"id": 7, "name": "lamp", "tags": ["a", "b"]}\n{"id": 7, "name": "lamp",'
+    text, num_tokens, _ = offline_text(llm, prompt, max_tokens=24)
+    live = LiveServer(*MODEL_FLAGS, "--speculation-policy", "static", "--speculative-config",
+                      '{"method": "ngram", "num_speculative_tokens": 4}')
+    try:
+        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0,
+                               timeout=120)
+        before = live.metrics()
+        chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                                temperature=0, stream=True))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+        after = live.metrics()
+        drafted = "vllm:spec_decode_num_draft_tokens_total{}"
+        assert after[drafted] > before[drafted]
+        assert after["vllm:spec_decode_num_accepted_tokens_total{}"] > 0
+        assert after["vllm:spec_decode_num_drafts_total{}"] > 0
+        resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                         temperature=0, extra_body={"speculation": 0})
+        assert resp.choices[0].text == text and resp.usage.completion_tokens == num_tokens
+        assert live.metrics()[drafted] == after[drafted]
+    finally:
+        live.stop()

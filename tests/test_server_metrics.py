@@ -87,6 +87,7 @@ def test_per_request_histograms_are_observed_once_at_the_finish(metrics):
     assert s["vllm:request_prefill_time_seconds_sum{}"] == FIRST_TOKEN - SCHEDULED
     assert s["vllm:request_decode_time_seconds_sum{}"] == FINISHED - FIRST_TOKEN
     assert s["vllm:request_inference_time_seconds_sum{}"] == FINISHED - SCHEDULED
+    assert s["vllm:request_time_per_output_token_seconds_sum{}"] == (FINISHED - FIRST_TOKEN) / 3
     assert s["vllm:time_to_first_token_seconds_count{}"] == 1
     assert s["vllm:inter_token_latency_seconds_count{}"] == 3  # one per engine step
     assert s["vllm:inter_token_latency_seconds_sum{}"] == 3 * ITL
@@ -195,3 +196,44 @@ def test_engine_records_when_a_request_was_first_scheduled():
     assert req.scheduled_time == first
     out = make_output(req, tokenizer=None, num_new=0)
     assert out.metrics.scheduled_time == first
+
+
+def test_speculation_metrics_from_a_real_engine():
+    """vLLM's spec-decode counters (drafts, accepted tokens per position) and the chosen-K
+    histogram, from an n-gram engine that copied a record: per-position counts add up to the
+    accepted tokens and never rise with the position; the K buckets hold every choice."""
+    from specserve import LLM
+
+    spec = LLM(dtype="float32", speculation_policy="static", kv_cache_memory=64 << 20,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3})
+    prompt = 'Copy: {"id": 7, "name": "lamp", "tags": ["a", "b"]}\n{"id": 7, "name": "lamp",'
+    spec.generate([prompt] * 2, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    stats = spec.get_stats()
+    s = scrape(ServerMetrics("m", stats=lambda: stats))
+    assert s["vllm:spec_decode_num_drafts_total{}"] == stats["num_verifications"] > 0
+    per_pos = [s[f"vllm:spec_decode_num_accepted_tokens_per_pos_total{{position={j}}}"]
+               for j in range(len(stats["accepted_per_position"]))]
+    assert per_pos and sum(per_pos) == stats["num_accepted_tokens"] > 0
+    assert per_pos == sorted(per_pos, reverse=True) and per_pos[0] <= stats["num_verifications"]
+    hist = stats["spec_k_histogram"]
+    assert s["specserve:spec_decode_chosen_k_count{}"] == sum(hist.values())
+    assert s["specserve:spec_decode_chosen_k_bucket{le=3.0}"] == sum(hist.values())
+    assert s["specserve:spec_decode_chosen_k_bucket{le=0.0}"] == hist.get(0, 0)
+    assert s["specserve:spec_decode_chosen_k_sum{}"] == sum(k * n for k, n in hist.items())
+
+
+def test_a_front_end_arrival_time_starts_the_requests_clock(llm):
+    """The server stamps a request when it arrives, before grammar compilation and the wait for
+    the engine thread's current step; the engine keeps that earlier time for TTFT, queue time
+    and e2e (a later one, say a skewed clock, never moves it forward)."""
+    earlier = time.perf_counter() - 5.0
+    req = llm.engine.add_request([100, 101, 102], SamplingParams(max_tokens=2),
+                                 arrival_time=earlier)
+    assert req.arrival_time == earlier
+    later = llm.engine.add_request([100, 101, 102], SamplingParams(max_tokens=2),
+                                   arrival_time=time.perf_counter() + 60)
+    assert later.arrival_time <= time.perf_counter()
+    outs = {}
+    while llm.engine.has_unfinished_requests():
+        outs.update({o.request_id: o for o in llm.engine.step() if o.finished})
+    assert outs[req.request_id].metrics.ttft >= 5.0

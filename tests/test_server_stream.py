@@ -53,7 +53,7 @@ def test_output_stream_delivers_in_order_and_supersedes_unread_outputs():
     async def run() -> list[tuple[int, str]]:
         owner = SimpleNamespace(_loop=asyncio.get_running_loop(), _observer=None,
                                 _release=lambda n: None, _submit=lambda cmd: None)
-        stream = OutputStream(owner, ["a", "b"])
+        stream = OutputStream(owner, ["a", "b"], 0.0)
         got = []
 
         async def consume():
@@ -163,6 +163,26 @@ def test_completion_max_tokens_null_is_the_rest_of_the_context():
         return CompletionRequest.model_validate({"model": "m", "prompt": "x", **body})
 
     assert parse().max_tokens == 16
-    assert parse(max_tokens=None).to_sampling_params(None, None).max_tokens is None
+    assert parse(max_tokens=None).to_sampling_params(None, None,
+                                                     SamplingParams()).max_tokens is None
     assert parse(n=None).n == 1  # other fields: null is still their default
     assert parse().add_special_tokens and not parse(add_special_tokens=False).add_special_tokens
+
+
+def test_a_request_silent_on_sampling_takes_the_models_defaults():
+    """The server fills what a request leaves unset from the engine's defaults (the model's
+    generation_config.json); whatever the request sets, 0 and null-free values included,
+    wins."""
+    from specserve.server.protocol import ChatCompletionRequest
+
+    defaults = SamplingParams(temperature=0.6, top_p=0.9, top_k=20, repetition_penalty=1.05)
+
+    def params(**body):
+        req = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], **body})
+        p = req.to_sampling_params(None, None, defaults)
+        return p.temperature, p.top_p, p.top_k, p.repetition_penalty
+
+    assert params() == (0.6, 0.9, 20, 1.05)
+    assert params(temperature=0.0, top_k=0) == (0.0, 0.9, 0, 1.05)
+    assert params(top_p=1.0, repetition_penalty=1.0, temperature=None) == (0.6, 1.0, 20, 1.0)

@@ -136,13 +136,23 @@ def test_jump_forward_beside_a_proposer_is_lossless(llm, spec_llms, name):
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
 
 
-def test_sampled_outputs_obey_the_grammar_under_speculation(spec_llms):
-    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=24,
-                             structured_outputs=StructuredOutputsParams(regex=PHONE))
-              for s in range(8)]
-    outs = spec_llms["self-draft"].generate(["Call us at"] * 8, params)
+@pytest.mark.parametrize("name", list(SPEC_CONFIGS))
+def test_sampled_outputs_obey_the_grammar_under_speculation(spec_llms, name):
+    """Sampled requests verify drafts under the mask (unseeded: a seeded sampled request drafts
+    nothing, Request.drafts_nothing), and every reply still matches the regex. The prompt holds
+    a number for n-gram to copy from."""
+    spec = spec_llms[name]
+    before = spec.get_stats()
+    torch.manual_seed(0)
+    params = SamplingParams(temperature=1.0, max_tokens=24,
+                            structured_outputs=StructuredOutputsParams(regex=PHONE))
+    outs = spec.generate(["Call us at (555) 123-4567, or at"] * 8, params)
     assert all(re.fullmatch(PHONE, o.outputs[0].text) for o in outs)
     assert len({o.outputs[0].text for o in outs}) > 1  # really sampled
+    stats = spec.get_stats()
+    drafted = stats["num_draft_tokens"] - before["num_draft_tokens"]
+    accepted = stats["num_accepted_tokens"] - before["num_accepted_tokens"]
+    assert drafted > 0 and accepted < drafted  # verified, and some drafts were rejected
 
 
 def _masked_rows(llm, drafts: list[str], grammar: str = 'root ::= "ab" "cd"'):

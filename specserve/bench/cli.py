@@ -96,7 +96,14 @@ def cmd_lab(args: argparse.Namespace) -> None:
     )
     from specserve.bench.machine import describe_machine
     from specserve.bench.plots import lab_plots
-    from specserve.bench.report import add_summaries, lab_table, skipped_lines, write_json
+    from specserve.bench.report import (
+        add_summaries,
+        lab_table,
+        skipped_lines,
+        speculation_table,
+        write_json,
+    )
+    from specserve.bench.sweep import median_run
     from specserve.config import parse_dtype
 
     preset = with_overrides(
@@ -154,6 +161,11 @@ def cmd_lab(args: argparse.Namespace) -> None:
     write_json(out / "results.json", results)
     pngs = lab_plots(results, out)
     console.print(lab_table(results))
+    spec_rows = [(p["strategy"], p["workload"], p["concurrency"], median_run(p["runs"]))
+                 for p in results["points"] if p["runs"] and any(
+                     r.get("num_draft_tokens") for r in p["runs"])]
+    if spec_rows:
+        console.print(speculation_table(spec_rows, "speculation (median run of each point)"))
     for line in skipped_lines(lab.strategies):
         console.print(line, style="yellow")
     console.print(f"wrote {out / 'results.json'} and {', '.join(p.name for p in pngs)}")
@@ -230,7 +242,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     from specserve.bench.lab import Preset
     from specserve.bench.machine import describe_machine
     from specserve.bench.plots import sweep_plots
-    from specserve.bench.report import sweep_table, write_json
+    from specserve.bench.report import speculation_table, sweep_table, write_json
     from specserve.bench.sweep import SweepSettings, run_sweep, summarize_sweep, summary_lines
 
     points = Preset("sweep", _names(args.workloads), _ints(args.concurrency),
@@ -262,6 +274,11 @@ def cmd_sweep(args: argparse.Namespace) -> None:
         "settings": asdict(settings), "engines": engines, "cells": cells, "summary": summary})
     pngs = sweep_plots(cells, out)
     console.print(sweep_table(cells, settings.policies))
+    decisions = [(c["proposer"], c["workload"], c["concurrency"], c["run"]) for c in cells
+                 if c["policy"] == "adaptive"]
+    if decisions:
+        console.print(speculation_table(decisions,
+                                        "adaptive's decisions (median run of each point)"))
     for s in (e for e in engines if e["status"] != "ok"):
         console.print(f"skipped {s['proposer']}: {s['error']}", style="yellow")
     for line in summary_lines(summary):

@@ -68,10 +68,20 @@ class RequestRecord:
     tpot_s: float | None  # None for a one-token output: no inter-token interval exists
     start_s: float = 0.0  # when it was submitted, relative to the run's start
     end_s: float = 0.0  # when it finished, relative to the run's start
+    num_draft_tokens: int = 0  # drafts verified for it, and how many were accepted
+    num_accepted_tokens: int = 0
 
 
 def _pct(xs: list[float], q: float) -> float | None:
     return percentile(xs, q) if xs else None  # JSON has no NaN
+
+
+def request_acceptance(records: Sequence[RequestRecord]) -> dict:
+    """How acceptance spreads over the requests that drafted: a mean of 0.5 may be every request
+    at 0.5, or half at 0.9 and half at 0.1 (what a per-request controller is for)."""
+    rates = [r.num_accepted_tokens / r.num_draft_tokens for r in records if r.num_draft_tokens]
+    return {"requests_drafted": len(rates),
+            **{f"request_acceptance_p{q}": _pct(rates, q) for q in (10, 50, 90)}}
 
 
 def latency_figures(records: Sequence[RequestRecord], wall_s: float) -> dict:
@@ -167,6 +177,8 @@ def _snapshot(engine: LLMEngine) -> dict:
     policy = engine.spec_policy
     stats["_abs_error_s"] = policy.abs_error_s if policy else 0.0
     stats["_sum_actual_s"] = policy.sum_actual_s if policy else 0.0
+    stats["_sum_predicted_s"] = policy.sum_predicted_s if policy else 0.0
+    stats["_num_predictions"] = policy.num_predictions if policy else 0
     stats["_prices"] = _prices(policy)
     return stats
 
@@ -179,6 +191,8 @@ def engine_figures(before: dict, after: dict) -> dict:
     drafted, accepted, verified = d["num_draft_tokens"], d["num_accepted_tokens"], \
         d["num_verifications"]
     actual = after["_sum_actual_s"] - before["_sum_actual_s"]
+    predicted = after["_sum_predicted_s"] - before["_sum_predicted_s"]
+    priced = after["_num_predictions"] - before["_num_predictions"]
     total_k = sum(hist.values())
     return {
         **d,
@@ -188,6 +202,9 @@ def engine_figures(before: dict, after: dict) -> dict:
         "spec_k_mean": sum(k * v for k, v in hist.items()) / total_k if total_k else None,
         "spec_step_time_rel_error": (after["_abs_error_s"] - before["_abs_error_s"]) / actual
         if actual else None,
+        # the mean step the cost model priced, as predicted and as measured
+        "spec_step_time_predicted_ms": 1e3 * predicted / priced if priced else None,
+        "spec_step_time_actual_ms": 1e3 * actual / priced if priced else None,
         "prefix_cache_hit_rate": d["prefix_cache_hits"] / d["prefix_cache_queries"]
         if d.get("prefix_cache_queries") else None,
         "cost_model_ms": after.get("_prices"),  # at the run's end
@@ -246,6 +263,7 @@ def run_workload(engine: LLMEngine, workload: PreparedWorkload, concurrency: int
     done = [r for r in records if r is not None]
     return {"concurrency": concurrency, "num_prompts": num_prompts,
             **latency_figures(done, wall), **engine_figures(before, _snapshot(engine)),
+            **request_acceptance(done),
             "kv_blocks_peak_used": peak_blocks, "max_in_flight": max_in_flight,
             "requests": [asdict(r) for r in done]}
 
@@ -255,7 +273,8 @@ def _record(out, t0: float) -> RequestRecord:
     n = len(out.outputs[0].token_ids)
     tpot = (m.finished_time - m.first_token_time) / (n - 1) if n > 1 else None
     return RequestRecord(len(out.prompt_token_ids), n, m.first_token_time - m.arrival_time, tpot,
-                         m.arrival_time - t0, m.finished_time - t0)
+                         m.arrival_time - t0, m.finished_time - t0, m.num_draft_tokens,
+                         m.num_accepted_tokens)
 
 
 # ---- strategies and presets ---------------------------------------------------------------------

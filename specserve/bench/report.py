@@ -188,6 +188,35 @@ def sweep_table(cells: Sequence[dict], policies: Sequence[str]) -> Table:
     return t
 
 
+def k_shares(histogram: dict | None) -> str:
+    """A chosen-K histogram ({K: request-steps}) as percentages: "0:88 1:4 4:8"."""
+    total = sum((histogram or {}).values())
+    if not total:
+        return "—"
+    return " ".join(f"{k}:{100 * v / total:.0f}" for k, v in
+                    sorted((int(k), v) for k, v in histogram.items()))
+
+
+def speculation_table(rows: Sequence[tuple[str, str, int, dict]], title: str) -> Table:
+    """What the controller decided and how it went, per (name, workload, concurrency, run):
+    the share of request-steps at each K, the cost model's mean predicted step against the
+    measured one, and acceptance pooled and spread over the requests that drafted."""
+    t = Table(title=title)
+    for name in ("strategy", "workload", "conc", "K shares %", "step ms pred/actual",
+                 "accept", "per request p10/p50/p90 (n)"):
+        t.add_column(name, justify="left" if name in ("strategy", "workload", "K shares %")
+                     else "right")
+    for name, workload, c, run in rows:
+        pred, actual = run.get("spec_step_time_predicted_ms"), run.get("spec_step_time_actual_ms")
+        spread = [run.get(f"request_acceptance_p{q}") for q in (10, 50, 90)]
+        t.add_row(name, workload, str(c), k_shares(run.get("spec_k_histogram")),
+                  f"{pred:.2f}/{actual:.2f}" if pred is not None and actual is not None
+                  else "—", fmt(run.get("acceptance_rate"), 2),
+                  "/".join(fmt(x, 2) for x in spread) + f" ({run.get('requests_drafted', 0)})"
+                  if run.get("requests_drafted") else "—")
+    return t
+
+
 def group_cells(cells: Sequence[dict]) -> dict[tuple, dict[str, dict]]:
     """{(proposer, workload, concurrency): {policy: run figures}} in first-seen order."""
     rows: dict[tuple, dict[str, dict]] = {}

@@ -4,10 +4,14 @@ Decoding a single token alone is wrong for byte-level BPE (a character can span 
 tokenizers that add a leading space. A fast (Rust) tokenizer has this solved in
 `tokenizers.decoders.DecodeStream`, which vLLM uses too: one call per token, ~0.5 µs, against
 ~5 µs for two `decode` calls through transformers (a server streams every token, so this runs
-a thousand times a second on the engine thread). Other tokenizers, and those whose `decode`
-cleans up spaces (which a stream cannot reproduce), decode a short window before the new tokens
-and emit only the text that grew past it, holding back an incomplete UTF-8 character
-("\ufffd").
+a thousand times a second on the engine thread). Other tokenizers decode a short window
+before the new tokens and emit only the text that grew past it, holding back an incomplete
+UTF-8 character ("\ufffd").
+
+The text is what the model generated: transformers' `clean_up_tokenization_spaces` (on in Meta's
+Llama 3 tokenizers) is never applied. It deletes the space before punctuation, so "x != y" would
+read "x!= y", a structured output could stop matching its grammar and a stop string " ." could
+never match; vLLM and SGLang leave it off too.
 """
 
 from __future__ import annotations
@@ -48,7 +52,13 @@ def token_bytes(tokenizer, token_id: int) -> bytes:
             return bytes([int(match[1], 16)])
         if "\u2581" in piece:  # SentencePiece's word boundary, a space the decoder would drop
             return piece.replace("\u2581", " ").encode()
-    return tokenizer.decode([token_id]).encode()
+    return decode(tokenizer, [token_id]).encode()
+
+
+def decode(tokenizer, ids: list[int], skip_special_tokens: bool = False) -> str:
+    """The text of ids as generated (no clean-up of spaces, see above)."""
+    return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens,
+                            clean_up_tokenization_spaces=False)
 
 
 @functools.cache
@@ -59,7 +69,7 @@ def _byte_level_table() -> dict[str, int]:
 def detokenize_incrementally(tokenizer, req: Request) -> str:
     """Append the newly decodable text of req's output to req.output_text; return the delta."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", False):
+    if backend is None:
         return _detokenize_window(tokenizer, req)
     if req.decode_stream is None:
         req.decode_stream = DecodeStream(skip_special_tokens=req.params.skip_special_tokens)
@@ -99,7 +109,7 @@ def prompt_context(tokenizer, prompt_ids: list[int]) -> list[int]:
     character (up to MAX_CONTEXT)."""
     for n in range(MIN_CONTEXT, MAX_CONTEXT + 1):
         tail = prompt_ids[-n:]
-        if len(tail) < n or "\ufffd" not in tokenizer.decode(tail):
+        if len(tail) < n or "\ufffd" not in decode(tokenizer, tail):
             return tail
     return prompt_ids[-MIN_CONTEXT:]
 
@@ -108,10 +118,9 @@ def decode_output(tokenizer, req: Request, ids: list[int]) -> str:
     """The text of output ids as they read after the prompt (see prompt_context)."""
     skip = req.params.skip_special_tokens
     context = prompt_context(tokenizer, req.prompt_token_ids)
-    head = tokenizer.decode(context, skip_special_tokens=skip)
-    text = tokenizer.decode(context + ids, skip_special_tokens=skip)
-    return text[len(head):] if text.startswith(head) else tokenizer.decode(
-        ids, skip_special_tokens=skip)
+    head = decode(tokenizer, context, skip)
+    text = decode(tokenizer, context + ids, skip)
+    return text[len(head):] if text.startswith(head) else decode(tokenizer, ids, skip)
 
 
 def _detokenize_window(tokenizer, req: Request) -> str:
@@ -124,8 +133,8 @@ def _detokenize_window(tokenizer, req: Request) -> str:
     start = req.prefix_offset
     ids = context[start:] + out if start < len(context) else out[start - len(context):]
     skip = req.params.skip_special_tokens
-    prefix_text = tokenizer.decode(ids[:req.read_offset - start], skip_special_tokens=skip)
-    new_text = tokenizer.decode(ids, skip_special_tokens=skip)
+    prefix_text = decode(tokenizer, ids[:req.read_offset - start], skip)
+    new_text = decode(tokenizer, ids, skip)
     if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
         return ""
     delta = new_text[len(prefix_text):]

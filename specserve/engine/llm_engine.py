@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -15,13 +17,14 @@ from specserve.config import EngineConfig
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
 from specserve.engine.output_processor import check_stop, make_output, record_logprobs
-from specserve.engine.prompts import encode_chat, encode_prompt
+from specserve.engine.prompts import encode_chat, encode_prompt, set_chat_template
 from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.spec_planner import SpeculationPlanner, draft_room
 from specserve.hardware import describe_cpu_precision
 from specserve.layers.kv_cache import resolve_kv_dtype
 from specserve.layers.linear import pack_linears
+from specserve.models.generation_config import resolve_sampling_defaults
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
 from specserve.outputs import RequestOutput
@@ -49,6 +52,8 @@ class EngineStats:
     num_draft_tokens: int = 0  # draft tokens verified by the target
     num_accepted_tokens: int = 0
     num_verifications: int = 0  # (request, step) pairs that verified >= 1 draft token
+    # Accepted draft tokens by position in their draft (vLLM's accepted_tokens_per_pos).
+    accepted_per_position: list[int] = field(default_factory=list)
     draft_time: float = 0.0  # seconds proposing
     verify_time: float = 0.0  # seconds in target forwards of steps that verified drafts
     # Seconds a step spends on speculation outside the target's forward: handing features
@@ -89,8 +94,14 @@ class LLMEngine:
         t0 = time.perf_counter()
         loaded = load_model(config.model)
         self.model_config = cfg = loaded.config
+        # The model author's sampling defaults; a request's own values win (validated here, so
+        # that a bad file fails the start and not every request).
+        self.sampling_defaults = resolve_sampling_defaults(
+            config.generation_config, loaded.path if Path(loaded.path).is_dir() else None)
+        SamplingParams(**self.sampling_defaults).validate()
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
+        set_chat_template(self.tokenizer, config.chat_template, loaded.name)
         self.dtype = config.torch_dtype
         self.device = torch.device(config.device)
         if self.device.type == "cpu":
@@ -132,7 +143,17 @@ class LLMEngine:
             self.proposer.allocate_kv_cache(num_blocks, cache.enable_prefix_caching)
             self.runner.aux_layers = self.proposer.aux_layers
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
-        self.max_model_len = min(cfg.max_position, num_blocks * cache.block_size)
+        if config.max_model_len is not None and config.max_model_len > cfg.max_position:
+            raise ValueError(f"max_model_len {config.max_model_len} is longer than the model's "
+                             f"context, {cfg.max_position} tokens")
+        if config.max_model_len is not None and \
+                config.max_model_len > num_blocks * cache.block_size:
+            # vLLM refuses too: one request of that length could never run.
+            raise ValueError(f"max_model_len {config.max_model_len} is more than the KV pool "
+                             f"holds ({num_blocks * cache.block_size} tokens): raise "
+                             "kv_cache_memory or lower max_model_len")
+        self.max_model_len = min(cfg.max_position, num_blocks * cache.block_size,
+                                 config.max_model_len or cfg.max_position)
         logger.info("KV cache: %d blocks x %d tokens, %s, %.0f MiB; holds %d tokens = %d "
                     "concurrent 1k-token sequences", num_blocks, cache.block_size, kv_dtype,
                     self.runner.kv_cache_bytes / 2**20, num_blocks * cache.block_size,
@@ -203,14 +224,23 @@ class LLMEngine:
     def tokenize(self, prompt: str) -> list[int]:
         return encode_prompt(self.tokenizer, prompt)
 
+    def default_sampling_params(self) -> SamplingParams:
+        """What a request that sets nothing samples with (vLLM's name and meaning)."""
+        return SamplingParams(**self.sampling_defaults)
+
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         return encode_chat(self.tokenizer, messages)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, stream: bool = False) -> Request:
-        """Validate and queue a request. Raises ValueError for bad input; nothing else changes."""
-        params = params or SamplingParams()
-        params.validate()
+                    request_id: str | None = None, stream: bool = False,
+                    arrival_time: float | None = None) -> Request:
+        """Validate and queue a request. Raises ValueError for bad input; nothing else changes.
+        arrival_time (time.perf_counter()): when it reached the front end, if earlier than now
+        (the server's: its queue time and TTFT then count the wait for the engine thread)."""
+        # A copy, normalised and validated again (a `stop` string set after construction
+        # becomes a list): the request must not change with the caller's object either.
+        params = dataclasses.replace(params) if params is not None \
+            else self.default_sampling_params()
         if params.n != 1:
             raise ValueError(f"the engine runs one sequence per request (n={params.n}): "
                              "LLM.generate and the server fan n out, one request per choice")
@@ -238,6 +268,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         req = Request(request_id, token_ids, params, self.model_config.eos_token_ids,
                       prompt_text, self.max_model_len)
+        if arrival_time is not None:
+            req.arrival_time = min(arrival_time, req.arrival_time)
         if params.structured_outputs is not None:
             req.grammar = self._grammar_backend().matcher(params.structured_outputs,
                                                           req.stop_token_ids)
@@ -419,6 +451,10 @@ class LLMEngine:
         self.stats.num_draft_tokens += num_draft
         self.stats.num_accepted_tokens += num_accepted
         self.stats.num_verifications += 1
+        per_position = self.stats.accepted_per_position
+        per_position.extend([0] * (num_accepted - len(per_position)))
+        for j in range(num_accepted):
+            per_position[j] += 1
         self.proposer.on_verified(req, num_draft, num_accepted)
         if next_guess_right is None:
             self.spec_policy.observe_verification(req, num_draft, num_accepted)
@@ -521,6 +557,7 @@ class LLMEngine:
             "num_draft_tokens": s.num_draft_tokens,
             "num_accepted_tokens": s.num_accepted_tokens,
             "num_verifications": s.num_verifications,
+            "accepted_per_position": list(s.accepted_per_position),
             "acceptance_rate": s.num_accepted_tokens / s.num_draft_tokens
             if s.num_draft_tokens else None,
             # tokens emitted per verification: accepted + the recovered/bonus token

@@ -3,13 +3,18 @@ template, rendered as vLLM renders them (offline `LLM.chat` and the server share
 
 from __future__ import annotations
 
+import codecs
 import functools
 import inspect
+import logging
 import re
+from pathlib import Path
 from typing import Any
 
 from jinja2 import TemplateError
 from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger("specserve")
 
 # apply_chat_template's own arguments (tokenization, the template, tools, ...): a request's
 # template kwargs set the template's variables, never these. The three that vLLM also takes
@@ -17,6 +22,29 @@ from transformers import PreTrainedTokenizerBase
 _RENDERER_ARGS = frozenset(inspect.signature(PreTrainedTokenizerBase.apply_chat_template)
                            .parameters) - {"add_generation_prompt", "continue_final_message",
                                            "documents"} | {"messages", "conversations"}
+
+
+def set_chat_template(tokenizer, template: str | None, model_name: str) -> None:
+    """Give the tokenizer `template` (Jinja text, or a file holding it), as vLLM's
+    --chat-template does; without one, warn at start-up if the model has none, rather than
+    failing every chat request later with no hint of the cure."""
+    if template is not None:
+        path = Path(template).expanduser()
+        try:
+            is_file = path.is_file()
+        except OSError:  # a template's text, too long to be a path
+            is_file = False
+        if is_file:
+            template = path.read_text()
+        elif "{" not in template:  # neither a file nor Jinja: a mistyped path
+            raise ValueError(f"chat_template {template!r} is neither a file nor a Jinja "
+                             "template")
+        else:  # typed on a command line: "\n" there means a newline, as in vLLM
+            template = codecs.decode(template, "unicode_escape")
+        tokenizer.chat_template = template
+    elif not getattr(tokenizer, "chat_template", None):
+        logger.warning("%s has no chat template: chat requests will fail; pass one with "
+                       "--chat-template (a file or the template's text)", model_name)
 
 
 def encode_prompt(tokenizer, prompt: str, add_special_tokens: bool = True) -> list[int]:

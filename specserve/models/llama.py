@@ -141,13 +141,15 @@ def build_model(cfg: ModelConfig, state_dict: dict[str, torch.Tensor],
                              cfg.rope_scaling)
     with torch.device("meta"), _no_random_init():
         model = LlamaModel(cfg, rotary)
-    model = model.to_empty(device=device)
+    # Allocated in the serving dtype (free on meta), and each checkpoint tensor is converted once
+    # as load_state_dict copies it in: an fp32 model first would need twice a bf16 model's
+    # device memory (32 GB for an 8B model) and a converted copy of every weight on the host.
+    model = model.to(dtype).to_empty(device=device)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    missing, unexpected = model.load_state_dict(
-        {k: v.to(dtype) for k, v in state_dict.items()}, strict=False)
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
         raise ValueError(f"weights do not fit the model: missing {missing}, "
                          f"unexpected {unexpected}")
-    return model.to(dtype).eval()
+    return model.eval()

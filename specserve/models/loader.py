@@ -6,6 +6,7 @@ Hugging Face directory is read from disk (`local_files_only`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -31,7 +32,8 @@ logger = logging.getLogger("specserve")
 @dataclass
 class LoadedModel:
     config: ModelConfig
-    # Our parameter names (see models/llama.py), fp32 tensors; q/k/v and gate/up already fused.
+    # Our parameter names (see models/llama.py); q/k/v and gate/up already fused. A Hugging
+    # Face directory's tensors keep the checkpoint's dtype, a GGUF's are fp32.
     state_dict: dict[str, torch.Tensor]
     tokenizer: object
     name: str
@@ -68,12 +70,12 @@ def load_model(model: str | None, shared_embedding: torch.Tensor | None = None) 
     """`None` or the embedded name: the shipped GGUF; a .gguf file; or a local HF directory.
     shared_embedding: the target's embedding, which a trained draft directory needs."""
     if is_embedded(model):
-        return load_gguf(embedded_model_path(), name=EMBEDDED_NAME)
+        return _with_tokenizer_eos(load_gguf(embedded_model_path(), name=EMBEDDED_NAME))
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return load_gguf(str(path), name=path.stem)
+        return _with_tokenizer_eos(load_gguf(str(path), name=path.stem))
     if path.is_dir() and (path / "config.json").is_file():
-        return load_hf_dir(path, shared_embedding)
+        return _with_tokenizer_eos(load_hf_dir(path, shared_embedding))
     raise ValueError(
         f"model {model!r} is neither the embedded model, a .gguf file nor a local Hugging Face "
         "directory with a config.json (weights are never downloaded)"
@@ -109,6 +111,16 @@ def _gguf_tokenizer(path: str):
     except OSError:
         pass  # a read-only home only costs us the speed-up
     return tok
+
+
+def _with_tokenizer_eos(loaded: LoadedModel) -> LoadedModel:
+    """vLLM stops on the tokenizer's EOS too, whatever the config names: a ChatML fine-tune's
+    tokenizer says <|im_end|> while the config it copied still names the base model's EOS."""
+    eos = getattr(loaded.tokenizer, "eos_token_id", None)
+    if eos is not None and eos not in loaded.config.eos_token_ids:
+        loaded.config = dataclasses.replace(loaded.config,
+                                            eos_token_ids=loaded.config.eos_token_ids + (eos,))
+    return loaded
 
 
 def load_gguf(path: str, name: str) -> LoadedModel:
@@ -312,13 +324,14 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
     hf_sd: dict[str, torch.Tensor] = {}
     for f in _weight_files(path):
         hf_sd.update(load_file(str(f)))
-    used: set[str] = set()
 
     def get(n: str) -> torch.Tensor:
+        # In the checkpoint's dtype, taken out of hf_sd: build_model converts each tensor once,
+        # on its way into the model, so an 8B bf16 checkpoint never has an fp32 copy on the host
+        # (~6 bytes a parameter at peak, before) and what is left in hf_sd was not placed.
         for key in (n, "model." + n):
             if key in hf_sd:
-                used.add(key)
-                return hf_sd[key].float()
+                return hf_sd.pop(key)
         raise ValueError(f"{path}: weight {n} is missing")
 
     draft = hf.get("specserve_draft")  # a draft from specserve/train: no embedding of its own
@@ -341,8 +354,7 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
             [get(h + "mlp.gate_proj.weight"), get(h + "mlp.up_proj.weight")])
         sd[p + "mlp.down_proj.weight"] = get(h + "mlp.down_proj.weight")
     # o_proj's bias in a Llama with attention_bias, a layer past num_hidden_layers, ...
-    _refuse_unplaced(path, {k for k in hf_sd if k not in used
-                            and not k.endswith("rotary_emb.inv_freq")
+    _refuse_unplaced(path, {k for k in hf_sd if not k.endswith("rotary_emb.inv_freq")
                             and not (k == "lm_head.weight" and cfg.tie_word_embeddings)})
     tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     head_ids = None

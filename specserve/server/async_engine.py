@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 # no wait of the main thread: its handler then waited for the next request, and an idle server
 # ignored SIGTERM for good.
 IDLE_WAKE_S = 0.5
+# While the engine is busy, its stats snapshot (/stats, /metrics' engine gauges and counters)
+# is refreshed at most this often: a Prometheus scrape comes every 15 s or so.
+STATS_INTERVAL_S = 0.25
 
 # Called on the event loop for every output as it is delivered, and whether it is that request's
 # first; used for latency metrics. It runs there, not on the engine thread, because every
@@ -63,7 +66,7 @@ class OutputStream:
     or a batch of prompts). Iterating yields `(index, output)`, index into `request_ids`, until
     every one has finished. Closing it aborts the ones still running."""
 
-    def __init__(self, owner: AsyncEngine, request_ids: list[str]):
+    def __init__(self, owner: AsyncEngine, request_ids: list[str], arrival: float):
         self.request_ids = request_ids
         self._owner = owner
         # A deque and one future rather than an asyncio.Queue: the queue looks the running loop
@@ -78,7 +81,7 @@ class OutputStream:
         self._delivered = [False] * len(request_ids)  # the metrics observer's "first output"
         # For the abort observer: when the request came, its choices' latest outputs, and
         # whether the engine took it (a refused one is no abort).
-        self._arrival = time.perf_counter()
+        self._arrival = arrival
         self._last_output: list[RequestOutput | None] = [None] * len(request_ids)
         self._admitted = False  # set on the engine thread, before the add is answered
 
@@ -291,6 +294,9 @@ class AsyncEngine:
         the text so far (incremental detokenization); otherwise only the final one has text.
         Raises ValueError for input the engine refuses, QueueFullError past the admission
         limit, EngineClosedError at shutdown."""
+        # The request's arrival, as vLLM's front end stamps it: its TTFT and queue time include
+        # the grammar compilation below and the wait for the engine thread's current step.
+        arrival = time.perf_counter()
         # Structured outputs compile here, off the engine thread, so that a slow schema never
         # stalls a step; the engine then finds them in its compiler's cache.
         for p in {id(p.structured_outputs): p for p in params
@@ -308,7 +314,7 @@ class AsyncEngine:
                 and self._num_in_flight + len(request_ids) > self.max_in_flight):
             raise QueueFullError(f"too many requests in flight ({self._num_in_flight}); "
                                  "retry later")
-        output_stream = OutputStream(self, request_ids)
+        output_stream = OutputStream(self, request_ids, arrival)
         self._num_in_flight += len(request_ids)
         done = self._loop.create_future()
         self._submit(_Add(output_stream, prompts, params, stream, done))
@@ -375,6 +381,7 @@ class AsyncEngine:
         # newer output replaces an older one still held back by the stream interval.
         pending: dict[str, RequestOutput] = {}
         steps_held = 0
+        stats_time = time.monotonic()
 
         def deliver_pending(force: bool = False) -> None:
             nonlocal steps_held
@@ -403,17 +410,26 @@ class AsyncEngine:
             if stop:
                 deliver_pending(force=True)
                 return
+            finished = False
             if engine.has_unfinished_requests():
                 for out in engine.step(on_forward=deliver_pending):
+                    finished |= out.finished
                     held = pending.get(out.request_id)
                     if held is not None and held.metrics is not None and out.metrics is not None:
                         # The newer output carries everything so far but its own step's gap.
                         held.metrics.inter_token_latencies += out.metrics.inter_token_latencies
                         out.metrics.inter_token_latencies = held.metrics.inter_token_latencies
                     pending[out.request_id] = out
-            if not engine.has_unfinished_requests():
+            idle = not engine.has_unfinished_requests()
+            # Refreshed at most every STATS_INTERVAL_S while busy, and before a finished
+            # request's output goes out (its client's next scrape then sees it): a snapshot is
+            # ~40 figures and, with a proposer, an acceptance estimate per running request,
+            # work on the engine thread that no step needs.
+            now = time.monotonic()
+            if idle or finished or now - stats_time >= STATS_INTERVAL_S:
+                self.stats, stats_time = engine.get_stats(), now
+            if idle:
                 deliver_pending(force=True)
-            self.stats = engine.get_stats()
 
     def _urgent(self, outputs) -> bool:
         """A first token (time to first token) or a finished request (its client, closed-loop,
@@ -448,7 +464,8 @@ class AsyncEngine:
             for rid, prompt, params in zip(command.output.request_ids, command.prompts,
                                            command.params, strict=True):
                 self.engine.add_request(prompt, params, request_id=rid,
-                                        stream=command.stream_text)
+                                        stream=command.stream_text,
+                                        arrival_time=command.output._arrival)
                 added.append(rid)
         except Exception as exc:  # all or none: take back the ones already queued
             for rid in added:

@@ -36,10 +36,14 @@ from specserve.outputs import RequestOutput
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-_ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
-_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
-# vLLM's buckets for the phases of a request (queue, prefill, decode, inference).
+# Long tails on purpose: a CPU server under load sees TTFTs of minutes and end-to-end times
+# of many minutes, which bounds of 60 s and 320 s read as "at the top bucket".
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0,
+                 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 20.0, 40.0, 80.0)
+# vLLM's buckets for a request's end-to-end time and its phases (queue, prefill, decode,
+# inference).
 _PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 _N_BUCKETS = (1, 2, 5, 10, 20)
@@ -55,6 +59,9 @@ _COUNTERS = (
     ("vllm:num_preemptions", "num_preemptions", "Requests preempted for lack of KV blocks."),
     ("vllm:spec_decode_num_draft_tokens", "num_draft_tokens", "Draft tokens proposed."),
     ("vllm:spec_decode_num_accepted_tokens", "num_accepted_tokens", "Draft tokens accepted."),
+    # vLLM's: drafts verified, one per request per step; mean acceptance length is
+    # 1 + accepted / drafts.
+    ("vllm:spec_decode_num_drafts", "num_verifications", "Drafts verified."),
     # vLLM has no equivalent: structured-output tokens forced by the grammar, drafted apart.
     ("specserve:jump_forward_draft_tokens", "num_jump_forward_tokens",
      "Grammar-forced tokens verified as drafts."),
@@ -98,6 +105,14 @@ class _EngineStatsCollector(Collector):
             family = GaugeMetricFamily(name, doc, labels=list(self._labels))
             family.add_metric(list(self._labels.values()), float(stats.get(key) or 0))
             yield family
+        if stats.get("spec_method"):
+            # Every position up to K_max from the start, at 0 until one is accepted (vLLM's).
+            counts = list(stats.get("accepted_per_position") or [])
+            counts += [0] * (stats.get("spec_k_max", 0) - len(counts))
+            yield _accepted_per_position(counts, self._labels)
+        if stats.get("spec_policy") is not None:
+            yield _chosen_k(stats.get("spec_k_histogram") or {}, stats["spec_k_max"],
+                            self._labels)
         if stats.get("step_token_counts"):
             yield _iteration_tokens(stats["step_token_counts"], stats["num_step_tokens"],
                                     self._labels)
@@ -113,6 +128,31 @@ def _iteration_tokens(counts: list[int], total: int, labels: dict[str, str]) -> 
     bounds = [floatToGoString(b) for b in STEP_TOKEN_BUCKETS] + ["+Inf"]  # "1.0", as others
     family.add_metric(list(labels.values()), list(zip(bounds, itertools.accumulate(counts),
                                                       strict=True)), sum_value=total)
+    return family
+
+
+def _accepted_per_position(counts: list[int], labels: dict[str, str]) -> Metric:
+    """vLLM's per-position acceptance counter: accepted draft tokens at each position of their
+    draft; over vllm:spec_decode_num_drafts, the acceptance rate of each position."""
+    family = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                 "Accepted draft tokens by position in the draft.",
+                                 labels=[*labels, "position"])
+    for position, count in enumerate(counts):
+        family.add_metric([*labels.values(), str(position)], float(count))
+    return family
+
+
+def _chosen_k(histogram: dict[int, int], k_max: int, labels: dict[str, str]) -> Metric:
+    """The speculation length the policy chose per (request, step), 0 = no drafts, as a
+    histogram with one bucket per K in 0..k_max (counts since the policy was set)."""
+    family = HistogramMetricFamily("specserve:spec_decode_chosen_k",
+                                   "Speculative tokens chosen per request per step.",
+                                   labels=list(labels))
+    counts = itertools.accumulate(histogram.get(k, 0) for k in range(k_max + 1))
+    buckets = [(floatToGoString(k), c) for k, c in enumerate(counts)]
+    buckets.append(("+Inf", sum(histogram.values())))
+    family.add_metric(list(labels.values()), buckets,
+                      sum_value=float(sum(k * n for k, n in histogram.items())))
     return family
 
 
@@ -159,7 +199,12 @@ class ServerMetrics:
                               _ITL_BUCKETS)
         self._e2e = histogram("vllm:e2e_request_latency_seconds",
                               "Arrival to last token (to the abort, for aborted requests).",
-                              _E2E_BUCKETS)
+                              _PHASE_BUCKETS)
+        # Per request, what speculation shortens (ITL above is per step, and one step may
+        # emit several tokens).
+        self._tpot = histogram("vllm:request_time_per_output_token_seconds",
+                               "Decode time over the tokens after the first, per finished "
+                               "request.", _ITL_BUCKETS)
         self._queue = histogram("vllm:request_queue_time_seconds",
                                 "Arrival to first scheduled.", _PHASE_BUCKETS)
         self._prefill = histogram("vllm:request_prefill_time_seconds",
@@ -263,4 +308,7 @@ class ServerMetrics:
             return
         self._prefill.observe(m.first_token_time - m.scheduled_time)
         self._decode.observe(m.finished_time - m.first_token_time)
+        if len(out.outputs[0].token_ids) > 1:
+            self._tpot.observe((m.finished_time - m.first_token_time)
+                               / (len(out.outputs[0].token_ids) - 1))
         self._inference.observe(m.finished_time - m.scheduled_time)

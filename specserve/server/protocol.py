@@ -34,6 +34,7 @@ from specserve.sampling_params import SamplingParams, StructuredOutputsParams
 MAX_N = 128  # OpenAI's limit on choices per request
 MAX_LOGPROBS = 20
 _INT32_MAX = 2**31 - 1
+_FLOAT32_MAX = 3.4028234663852886e38  # a larger repetition_penalty makes a 0 logit NaN
 
 
 def one_of(description: str) -> WrapValidator:
@@ -154,7 +155,7 @@ class SamplingRequest(OpenAIModel):
     top_k: Annotated[StrictInt, Field(ge=-1, le=_INT32_MAX)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
     ignore_eos: StrictBool = False
-    repetition_penalty: Annotated[StrictFloat, Field(gt=0, le=2)] | None = None
+    repetition_penalty: Annotated[StrictFloat, Field(gt=0, le=_FLOAT32_MAX)] | None = None
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
@@ -234,15 +235,22 @@ class SamplingRequest(OpenAIModel):
         # vLLM's rule: only together with include_usage.
         return self.include_usage and self.stream_options.continuous_usage_stats
 
-    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
+                           defaults: SamplingParams) -> SamplingParams:
+        """defaults: what the engine samples with where the request is silent (the model's
+        generation_config.json applied, LLMEngine.default_sampling_params)."""
         spec, policy = self.speculation, None
         if isinstance(spec, SpeculationOptions):
             spec, policy = spec.num_speculative_tokens, spec.policy
+
+        def given(value, default):
+            return default if value is None else value
+
         return SamplingParams(
             n=1,  # the server fans out n engine requests
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=self.top_k or 0, seed=self.seed, max_tokens=max_tokens,
+            temperature=given(self.temperature, defaults.temperature),
+            top_p=given(self.top_p, defaults.top_p),
+            top_k=given(self.top_k, defaults.top_k), seed=self.seed, max_tokens=max_tokens,
             min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=logprobs,
             skip_special_tokens=self.skip_special_tokens,
@@ -251,8 +259,7 @@ class SamplingRequest(OpenAIModel):
             structured_outputs=self._structured,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None
-            else self.repetition_penalty,
+            repetition_penalty=given(self.repetition_penalty, defaults.repetition_penalty),
             logit_bias=self._bias_by_id)
 
 

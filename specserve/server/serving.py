@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from specserve.engine.detokenizer import token_bytes
+from specserve.engine.detokenizer import decode, token_bytes
 from specserve.engine.prompts import encode_chat, encode_prompt
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
@@ -73,6 +73,10 @@ class OpenAIServing:
         self._names = {model_name, *aliases}
         self.metrics = metrics
         self.max_model_len = engine.engine.max_model_len
+        self._defaults = engine.engine.default_sampling_params()
+        # The model's max_new_tokens, if its generation_config.json sets one: vLLM caps every
+        # request's output with it.
+        self._max_tokens_cap = engine.engine.sampling_defaults.get("max_tokens")
         # The front end's own copy of the tokenizer (the engine thread keeps the original for
         # detokenization), so that prompts are tokenized here, on the event loop, as vLLM's API
         # server does: a request then reaches the engine in one hop instead of waiting for a
@@ -88,15 +92,20 @@ class OpenAIServing:
             i for i, t in getattr(self._tokenizer, "added_tokens_decoder", {}).items()
             if t.special)
 
+    def _capped(self, max_tokens: int | None) -> int | None:
+        cap = self._max_tokens_cap
+        return max_tokens if cap is None else min(cap, max_tokens or cap)
+
     # ---- endpoints ----------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         with _refused_as_400():
             prompt_ids = [encode_prompt(self._tokenizer, p, req.add_special_tokens)
                           if isinstance(p, str) else list(p) for p in req.prompts()]
+            max_tokens = self._capped(req.max_tokens)
             for ids in prompt_ids:
-                self._check_length(len(ids), req.max_tokens)
-            params = req.to_sampling_params(req.max_tokens, req.logprobs)
+                self._check_length(len(ids), max_tokens)
+            params = req.to_sampling_params(max_tokens, req.logprobs, self._defaults)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, prompt_ids, params, req.n, req.stream)
         num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
@@ -122,8 +131,9 @@ class OpenAIServing:
         self.check_model(req.model)
         with _refused_as_400():
             prompt_ids = _render_chat(self._tokenizer, req)
-            self._check_length(len(prompt_ids), req.output_limit)
-            params = req.to_sampling_params(req.output_limit, req.num_logprobs)
+            max_tokens = self._capped(req.output_limit)
+            self._check_length(len(prompt_ids), max_tokens)
+            params = req.to_sampling_params(max_tokens, req.num_logprobs, self._defaults)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream)
         if req.stream:
@@ -268,7 +278,7 @@ class OpenAIServing:
 
     # ---- logprobs -----------------------------------------------------------------------------
     def _decode_token(self, token_id: int) -> str:
-        return self._tokenizer.decode([token_id])
+        return decode(self._tokenizer, [token_id])
 
     def _completion_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[dict[int, float]],
                              offsets: TextOffsets, skip_special: bool) -> CompletionLogprobs:

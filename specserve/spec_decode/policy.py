@@ -67,6 +67,7 @@ class SpecPolicy:
         self.num_predictions = 0
         self.abs_error_s = 0.0  # sum |predicted - actual| step time
         self.sum_actual_s = 0.0
+        self.sum_predicted_s = 0.0  # with sum_actual_s: the sign of the error, its mean size
 
     def request_k_max(self, req: Request) -> int:
         """A request's own num_speculative_tokens, at most the engine's K_max (the acceptance
@@ -104,6 +105,7 @@ class SpecPolicy:
             actual = forward_s + draft_s
             self.abs_error_s += abs(self.last_predicted_s - actual)
             self.sum_actual_s += actual
+            self.sum_predicted_s += self.last_predicted_s
             self.num_predictions += 1
             self.last_predicted_s = None
 
@@ -114,6 +116,7 @@ class SpecPolicy:
         total = sum(self.k_histogram.values())
         return {
             "spec_policy": self.name,
+            "spec_k_max": self.k_max,
             "spec_k_histogram": dict(sorted(self.k_histogram.items())),
             "spec_k_mean": sum(k * c for k, c in self.k_histogram.items()) / total if total
             else 0.0,
@@ -129,6 +132,11 @@ class SpecPolicy:
                 r.request_id)[0]), 3) for r in running[:64]},
             "spec_step_time_rel_error": self.abs_error_s / self.sum_actual_s
             if self.sum_actual_s else None,
+            # mean predicted and measured time of the steps the cost model priced (ms)
+            "spec_step_time_predicted_ms": 1e3 * self.sum_predicted_s / self.num_predictions
+            if self.num_predictions else None,
+            "spec_step_time_actual_ms": 1e3 * self.sum_actual_s / self.num_predictions
+            if self.num_predictions else None,
         }
 
 
