@@ -107,6 +107,7 @@ class LLMEngine:
         if self.device.type == "cpu":
             logger.info("dtype %s (%s); %s", self.dtype, config.dtype, describe_cpu_precision())
         self.model = build_model(cfg, loaded.state_dict, self.dtype, self.device)
+        loaded.state_dict.clear()  # copied into the model: a checkpoint's worth of host memory
         # The LM head's weight as a plain tensor (an EAGLE head shares it): packing and
         # quantization below replace the module.
         lm_head_weight = self.model.lm_head.weight
