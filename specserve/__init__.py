@@ -1,8 +1,8 @@
 """specserve: an LLM serving engine that speculates only when it pays."""
 
 from specserve.llm import LLM
-from specserve.outputs import CompletionOutput, RequestOutput
+from specserve.outputs import CompletionOutput, Logprob, RequestOutput
 from specserve.sampling_params import SamplingParams, StructuredOutputsParams
 
 __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput",
-           "CompletionOutput"]
+           "CompletionOutput", "Logprob"]

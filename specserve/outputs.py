@@ -5,13 +5,38 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
+class Logprob(float):
+    """One token's log-probability: a float, so that code reading numbers keeps working, with
+    vLLM's fields (`.logprob`, `.rank`: 1 for the likeliest token; `.decoded_token` is None,
+    the server and `token_bytes` give a token's text)."""
+
+    __slots__ = ("rank",)
+
+    def __new__(cls, logprob: float, rank: int | None = None) -> Logprob:
+        obj = super().__new__(cls, logprob)
+        obj.rank = rank
+        return obj
+
+    @property
+    def logprob(self) -> float:
+        return float(self)
+
+    @property
+    def decoded_token(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"Logprob(logprob={float(self)!r}, rank={self.rank!r})"
+
+
 @dataclass(slots=True)
 class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
     cumulative_logprob: float | None = None
-    logprobs: list[dict[int, float]] | None = None
+    # Per output token, {token id: Logprob}: the sampled token's and the top `logprobs` ones.
+    logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None
 

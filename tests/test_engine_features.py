@@ -251,6 +251,11 @@ def test_min_tokens_keeps_stops_from_being_sampled(llm):
     top_at_end = max(ranked.logprobs[n - 1].items(), key=lambda kv: kv[1])
     assert top_at_end[0] == free.token_ids[-1] and top_at_end[0] != ranked.token_ids[n - 1]
     assert top_at_end[1] == pytest.approx(free_lp[n - 1][free.token_ids[-1]], abs=1e-5)
+    # vLLM's Logprob fields: the EOS held back by min_tokens was the likeliest (rank 1), the
+    # token sampled in its place ranks below it.
+    assert ranked.logprobs[n - 1][top_at_end[0]].rank == 1
+    sampled = ranked.logprobs[n - 1][ranked.token_ids[n - 1]]
+    assert sampled.rank > 1 and sampled.logprob == float(sampled)
     # the stop string occurs early, but only a later occurrence may end the output
     counting = SamplingParams(temperature=0, max_tokens=60, stop=[","], min_tokens=6)
     out = llm.generate(["1, 2, 3, 4,"], counting)[0].outputs[0]
@@ -415,3 +420,21 @@ def test_generate_stream_deltas_join_to_the_text_and_params_set_late_are_normali
     assert final.text == whole[:whole.find(stop)] and final.stop_reason == stop
     assert "".join(o.delta_text for o in outs) == final.text
     assert any(o.delta_text for o in outs[:-1])  # text arrived before the end
+
+
+def test_logprobs_carry_vllms_rank_and_stay_floats(llm):
+    """Each entry is vLLM's Logprob (`.logprob`, `.rank`) and still a float: the greedy token
+    ranks 1, the top-k entries 1..k in order, and the values read as numbers."""
+    from specserve import Logprob
+
+    out = llm.generate(["The capital of France is"],
+                       SamplingParams(temperature=0, max_tokens=4, logprobs=3))[0].outputs[0]
+    for token, entry in zip(out.token_ids, out.logprobs, strict=True):
+        assert all(isinstance(lp, Logprob) for lp in entry.values())
+        assert entry[token].rank == 1  # greedy
+        by_rank = sorted(entry.values(), key=lambda lp: lp.rank)
+        assert [lp.rank for lp in by_rank] == [1, 2, 3]
+        assert [lp.logprob for lp in by_rank] == sorted(entry.values(), reverse=True)
+        assert max(entry, key=entry.get) == token
+    pairs = zip(out.token_ids, out.logprobs, strict=True)
+    assert out.cumulative_logprob == pytest.approx(sum(e[t] for t, e in pairs))

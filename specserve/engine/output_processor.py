@@ -10,19 +10,23 @@ from specserve.engine.detokenizer import (
     find_stop_string,
 )
 from specserve.engine.request import Request, RequestStatus
-from specserve.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from specserve.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
 
 def record_logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> None:
     """logits: [len(tokens), vocab], the rows that produced `tokens`."""
     logprobs = logits.log_softmax(dim=-1)
     for lp, token in zip(logprobs, tokens, strict=True):
-        entry = {token: float(lp[token])}
+        value = lp[token]
+        # vLLM's rank: 1 + how many tokens are likelier than this one.
+        entry = {token: Logprob(float(value), int((lp > value).sum()) + 1)}
         if req.params.logprobs:
             top = lp.topk(req.params.logprobs)
             # Under a grammar fewer tokens than asked for may be possible: no -inf entries.
-            entry.update((t, v) for t, v in zip(top.indices.tolist(), top.values.tolist(),
-                                                strict=True) if v != float("-inf"))
+            for rank, (t, v) in enumerate(zip(top.indices.tolist(), top.values.tolist(),
+                                              strict=True), start=1):
+                if v != float("-inf") and t != token:
+                    entry[t] = Logprob(v, rank)
         req.logprobs.append(entry)
         req.cumulative_logprob += entry[token]
 

@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from specserve.outputs import Logprob
 from specserve.sample.penalties import has_logit_processing
 from specserve.sampling_params import SamplingParams
 
@@ -73,7 +74,7 @@ class Request:
         self.processes_logits = has_logit_processing(params)  # bias or penalties
         self.unique_prompt_ids: torch.Tensor | None = None  # repetition_penalty, made once
         self.cumulative_logprob = 0.0
-        self.logprobs: list[dict[int, float]] = []
+        self.logprobs: list[dict[int, Logprob]] = []
         # Detokenizer state (only used for stop strings and streaming).
         self.output_text = ""
         self.prefix_offset = 0
