@@ -24,7 +24,10 @@ def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") ->
 
         if torch.device(device).type == "cuda":
             with torch.cuda.device(torch.device(device)):
-                return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+                # including_emulation=False: by default torch counts bf16 emulated on a T4 or
+                # V100 as supported.
+                native = torch.cuda.is_bf16_supported(including_emulation=False)
+                return torch.bfloat16 if native else torch.float16
         return torch.bfloat16 if cpu_runs_bf16_well() else torch.float32
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(_DTYPES)} or 'auto'")

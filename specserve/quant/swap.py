@@ -7,6 +7,7 @@ layout. ``lm_head`` is skipped by default because it is tied to the embedding.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -21,6 +22,8 @@ from specserve.quant.gptq import calibration_hessians, gptq_int4
 from specserve.quant.int4 import Int4Linear
 from specserve.quant.int8 import Int8Linear
 from specserve.quant.lm_head import Int8LMHead
+
+logger = logging.getLogger("specserve")
 
 METHODS = ("int8", "int4", "fp8")
 QUANT_MODULES = (Int8Linear, Int4Linear, Fp8Linear)  # GGUFQ4Linear is an Int4Linear
@@ -139,6 +142,11 @@ def apply_quantization(model: nn.Module, method: str | None,
         raise ValueError(f"unknown quantization {method!r}; choose one of {QUANTIZATION_METHODS}")
     first = next(model.parameters())
     device = first.device
+    if device.type == "cuda":
+        # Measured on an H200 (docs/performance.md, "The CUDA path"): bf16 cuBLAS reads even a
+        # 117 MB weight near the memory bound, and none of these ops beat it at 1 or 32 rows.
+        logger.warning("%s weights on a GPU save memory, not time: bf16 linears are faster "
+                       "there", method)
     if method != "gguf":
         quantize_model(model, method, calibration=calibration,
                        dense_twin=draft and first.dtype == torch.bfloat16)
