@@ -22,6 +22,7 @@ from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.spec_planner import SpeculationPlanner, draft_room
 from specserve.hardware import describe_cpu_precision
+from specserve.layers import paged_attention_ext
 from specserve.layers.kv_cache import resolve_kv_dtype
 from specserve.layers.linear import pack_linears
 from specserve.models.generation_config import resolve_sampling_defaults
@@ -139,6 +140,10 @@ class LLMEngine:
                              f"block ({block_bytes} bytes): raise kv_cache_memory")
         num_blocks = cache.num_blocks or max((budget - draft_fixed) // block_bytes, 1)
         self.runner = ModelRunner(self.model, cfg, cache, num_blocks, kv_dtype)
+        if self.device.type != "cpu":
+            # Sampling stays on the host, and its argmax uses the CPU extension: built here,
+            # not inside the first request's time to first token (10-50 s).
+            paged_attention_ext.available()
         self.block_manager = BlockManager(num_blocks, cache.block_size, cache.enable_prefix_caching)
         if self.proposer is not None:
             self.proposer.allocate_kv_cache(num_blocks, cache.enable_prefix_caching)
