@@ -139,6 +139,18 @@ BAD_REQUESTS = [
                  id="template-documents-not-dicts"),
     pytest.param(CMPL, completion(repetition_penalty=0.0), JSON, 400,
                  id="repetition-penalty-zero"),
+    # Bounded lists: each stop string is searched after every token, the bias applied at every
+    # step, for every choice.
+    pytest.param(CMPL, completion(stop=["x"] * 65), JSON, 400, id="too-many-stop-strings"),
+    # Echoed in the message: UTF-8 cannot encode a lone surrogate (the handler raised: a 500).
+    pytest.param(CMPL, completion(model="\ud800"), JSON, 404, id="model-a-lone-surrogate"),
+    pytest.param(CMPL, completion(logit_bias={"\ud800": "x"}), JSON, 400,
+                 id="logit-bias-key-a-lone-surrogate"),
+    pytest.param(CMPL, completion(stop="x" * 1025), JSON, 400, id="stop-string-too-long"),
+    pytest.param(CMPL, completion(stop_token_ids=[5] * 4097), JSON, 400,
+                 id="too-many-stop-token-ids"),
+    pytest.param(CMPL, completion(logit_bias={str(i): 1.0 for i in range(4097)}), JSON, 400,
+                 id="logit-bias-too-long"),
     pytest.param(CHAT, chat(stop_token_ids=[10**6], structured_outputs={"choice": ["a", "b"]}),
                  JSON, 400, id="stop-token-id-past-the-vocabulary"),
     pytest.param(CMPL, b'{"prompt": "Hello", ', JSON, 400, id="invalid-json"),

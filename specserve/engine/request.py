@@ -73,6 +73,8 @@ class Request:
         self.grammar = None  # xgrammar GrammarMatcher of a structured-output request
         self.processes_logits = has_logit_processing(params)  # bias or penalties
         self.unique_prompt_ids: torch.Tensor | None = None  # repetition_penalty, made once
+        # logit_bias as (token ids, values), made once (sample/penalties.py)
+        self.logit_bias_tensors: tuple[torch.Tensor, torch.Tensor] | None = None
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, Logprob]] = []
         # Detokenizer state (only used for stop strings and streaming).

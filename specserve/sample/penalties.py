@@ -43,10 +43,13 @@ def apply_penalties(logits: torch.Tensor, sampling: list[tuple[Request, int]]) -
             p = req.params
             starts = torch.arange(row, row + k + 1) * vocab
             if p.logit_bias:
-                ids = torch.tensor(list(p.logit_bias), dtype=torch.long)
+                if req.logit_bias_tensors is None:  # made once: the bias never changes
+                    req.logit_bias_tensors = (
+                        torch.tensor(list(p.logit_bias), dtype=torch.long),
+                        torch.tensor(list(p.logit_bias.values()), dtype=torch.float32))
+                ids, values = req.logit_bias_tensors
                 bias_keys.append((starts.unsqueeze(1) + ids).flatten())
-                bias_vals.append(torch.tensor(list(p.logit_bias.values()),
-                                              dtype=logits.dtype).repeat(k + 1))
+                bias_vals.append(values.to(logits.dtype).repeat(k + 1))
             if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1:
                 # Row j has seen the output and drafts 0..j-1.
                 drafts = req.spec_token_ids[:k]

@@ -3,6 +3,7 @@ turn every client mistake into a 4xx with that body (never a 500, and never Fast
 
 from __future__ import annotations
 
+import json
 import logging
 from http import HTTPStatus
 
@@ -38,6 +39,15 @@ class APIError(Exception):
         self.code = code
 
 
+class ErrorResponse(JSONResponse):
+    """An error body as ASCII JSON: an echoed value holding a lone surrogate (U+D800, which
+    JSON allows and UTF-8 cannot encode) then reads as an escape, where the UTF-8 rendering
+    raised inside the error handler and the client got a bare 500."""
+
+    def render(self, content) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+
+
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
@@ -50,7 +60,7 @@ def error_body(status: int, message: str, param: str | None = None,
 
 def error_response(status: int, message: str, param: str | None = None,
                    code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param, code), status_code=status)
+    return ErrorResponse(error_body(status, message, param, code), status_code=status)
 
 
 def _describe_validation_error(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -91,7 +101,7 @@ async def _on_http_exception(_: Request, exc: HTTPException) -> JSONResponse:
     except ValueError:
         phrase = "error"
     message = exc.detail if isinstance(exc.detail, str) else phrase
-    return JSONResponse(error_body(exc.status_code, message), status_code=exc.status_code,
+    return ErrorResponse(error_body(exc.status_code, message), status_code=exc.status_code,
                         headers=getattr(exc, "headers", None))
 
 

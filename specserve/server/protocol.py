@@ -33,6 +33,11 @@ from specserve.sampling_params import SamplingParams, StructuredOutputsParams
 
 MAX_N = 128  # OpenAI's limit on choices per request
 MAX_LOGPROBS = 20
+# Bounds on what one request may list, so that no request can make every step slow for all
+# (each stop string is searched after every token of every choice, the bias applied at every
+# step) or the server copy a huge list per choice. vLLM sets none; OpenAI allows 4 stops.
+MAX_STOP_STRINGS, MAX_STOP_CHARS = 64, 1024
+MAX_LISTED_TOKENS = 4096  # stop_token_ids, logit_bias entries
 _INT32_MAX = 2**31 - 1
 _FLOAT32_MAX = 3.4028234663852886e38  # a larger repetition_penalty makes a 0 logit NaN
 
@@ -142,21 +147,26 @@ class SamplingRequest(OpenAIModel):
     temperature: Annotated[StrictFloat, Field(ge=0, le=2)] | None = None
     top_p: Annotated[StrictFloat, Field(gt=0, le=1)] | None = None
     seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)] | None = None
-    stop: Annotated[StrictStr | list[StrictStr] | None,
-                    one_of("a string or a list of strings")] = None
+    stop: Annotated[
+        Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]
+        | Annotated[list[Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]],
+                    Field(max_length=MAX_STOP_STRINGS)] | None,
+        one_of(f"a string or a list of at most {MAX_STOP_STRINGS} strings, each at most "
+               f"{MAX_STOP_CHARS} characters")] = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
     presence_penalty: Annotated[StrictFloat, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[StrictFloat, Field(ge=-2, le=2)] | None = None
     # OpenAI's keys are token ids as strings.
-    logit_bias: dict[str, Annotated[StrictFloat, Field(ge=-100, le=100)]] | None = None
+    logit_bias: Annotated[dict[str, Annotated[StrictFloat, Field(ge=-100, le=100)]],
+                          Field(max_length=MAX_LISTED_TOKENS)] | None = None
     # Extensions (vLLM's names where vLLM has them).
     top_k: Annotated[StrictInt, Field(ge=-1, le=_INT32_MAX)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
     ignore_eos: StrictBool = False
     repetition_penalty: Annotated[StrictFloat, Field(gt=0, le=_FLOAT32_MAX)] | None = None
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_LISTED_TOKENS)] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     # Speculative decoding for this request: K (0 = off), or
