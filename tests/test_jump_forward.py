@@ -68,6 +68,25 @@ def test_forced_runs_are_drafted_in_the_models_tokenization_and_doubtful_tails_h
     assert backend.forced_tokens(req, 16) == []  # yes or no: the model decides
 
 
+def test_a_long_forced_string_is_encoded_by_its_head(llm):
+    """A schema's 20k-character const: the drafts are the first tokens of the whole string, but
+    only its head is encoded (and cached) at each step, not 20k characters a step."""
+    engine, tok = llm.engine, llm.get_tokenizer()
+    backend = GrammarBackend(tok, engine.model_config.vocab_size,
+                             engine.model_config.eos_token_ids)
+    words = " ".join(f"word{i} is here." for i in range(1500))
+    spec = StructuredOutputsParams(json={"type": "string", "const": words})
+    req = Request("jf-long", [1], SamplingParams(structured_outputs=spec))
+    req.grammar = backend.matcher(spec, set())
+    text = req.grammar.find_jump_forward_string()
+    assert len(text) > 20_000
+    whole = tok.encode(text, add_special_tokens=False)
+    encoded, encode = [], backend._encode
+    backend._encode = lambda t: (encoded.append(len(t)), encode(t))[1]
+    assert backend.forced_tokens(req, 8) == whole[:8] and req.jump_forward_tail is None
+    assert encoded and max(encoded) <= 8 * 32
+
+
 def test_greedy_jump_forward_is_lossless_in_a_mixed_batch(llm):
     """json workload items under their schemas, beside a free request, with jump-forward drafts
     (the default) and without them (speculation off for the request): identical tokens, most

@@ -40,6 +40,10 @@ GRAMMAR_CACHE_BYTES = 64 * 2**20
 _CPP_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
 
+# Characters of a forced string read per jump-forward draft token at most (the rest is past
+# the drafts a step verifies).
+_CHARS_PER_DRAFT = 32
+
 class GrammarBackend:
     """One per engine: the tokenizer's vocabulary as xgrammar sees it and a compiler whose
     cache makes a repeated schema free. xgrammar is imported on the first constrained request,
@@ -118,6 +122,17 @@ class GrammarBackend:
         text = req.grammar.find_jump_forward_string()
         if not text:
             return []
+        if len(text) > _CHARS_PER_DRAFT * limit:
+            # A long forced string (a schema's 50 KB const) would be encoded whole at every
+            # step, and every shorter version cached. Its first `limit` tokens come from its
+            # head, when they end well before the cut (the word the cut falls in may split
+            # differently).
+            cut = text[:_CHARS_PER_DRAFT * limit]
+            head = self._encode(cut)
+            if head is not None and len(head) > limit:
+                used = sum(len(self._token_bytes[t]) for t in head[:limit])
+                if used + _CHARS_PER_DRAFT <= len(cut.encode()):
+                    return list(head[:limit])  # the run goes on: no tail among the drafts
         run = self._encode(text)
         if run is None:  # the tokenizer's tokens do not spell the run: xgrammar's do
             run = tuple(req.grammar.find_jump_forward_tokens())
