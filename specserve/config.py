@@ -170,6 +170,7 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        if self.dtype == "auto" and self.quantization in INT_WEIGHT_METHODS:
+        if self.dtype == "auto" and self.quantization in INT_WEIGHT_METHODS and \
+                torch.device(self.device).type == "cpu":
             return torch.bfloat16  # the int8 / int4 kernels take bf16 activations on any CPU
         return parse_dtype(self.dtype, self.device)

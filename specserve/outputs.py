@@ -28,6 +28,8 @@ class Logprob(float):
     def __repr__(self) -> str:
         return f"Logprob(logprob={float(self)!r}, rank={self.rank!r})"
 
+    __str__ = float.__repr__  # printed and formatted as the number it is
+
 
 @dataclass(slots=True)
 class CompletionOutput:

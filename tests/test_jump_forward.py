@@ -84,7 +84,8 @@ def test_a_long_forced_string_is_encoded_by_its_head(llm):
     encoded, encode = [], backend._encode
     backend._encode = lambda t: (encoded.append(len(t)), encode(t))[1]
     assert backend.forced_tokens(req, 8) == whole[:8] and req.jump_forward_tail is None
-    assert encoded and max(encoded) <= 8 * 32
+    assert backend.forced_tokens(req, 1) == whole[:1]  # one draft: a head of 3 x 32 characters
+    assert encoded and max(encoded) <= (8 + 2) * 32
 
 
 def test_greedy_jump_forward_is_lossless_in_a_mixed_batch(llm):

@@ -18,8 +18,8 @@ def record_logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> No
     logprobs = logits.log_softmax(dim=-1)
     for lp, token in zip(logprobs, tokens, strict=True):
         value = lp[token]
-        # vLLM's rank: 1 + how many tokens are likelier than this one.
-        entry = {token: Logprob(float(value), int((lp > value).sum()) + 1)}
+        # vLLM's rank: how many tokens are at least as likely as this one.
+        entry = {token: Logprob(float(value), int((lp >= value).sum()))}
         if req.params.logprobs:
             top = lp.topk(req.params.logprobs)
             # Under a grammar fewer tokens than asked for may be possible: no -inf entries.

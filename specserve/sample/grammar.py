@@ -122,17 +122,18 @@ class GrammarBackend:
         text = req.grammar.find_jump_forward_string()
         if not text:
             return []
-        if len(text) > _CHARS_PER_DRAFT * limit:
+        if len(text) > _CHARS_PER_DRAFT * (limit + 2):
             # A long forced string (a schema's 50 KB const) would be encoded whole at every
             # step, and every shorter version cached. Its first `limit` tokens come from its
             # head, when they end well before the cut (the word the cut falls in may split
-            # differently).
-            cut = text[:_CHARS_PER_DRAFT * limit]
+            # differently); otherwise this step drafts none of it.
+            cut = text[:_CHARS_PER_DRAFT * (limit + 2)]
             head = self._encode(cut)
             if head is not None and len(head) > limit:
                 used = sum(len(self._token_bytes[t]) for t in head[:limit])
                 if used + _CHARS_PER_DRAFT <= len(cut.encode()):
                     return list(head[:limit])  # the run goes on: no tail among the drafts
+            return []
         run = self._encode(text)
         if run is None:  # the tokenizer's tokens do not spell the run: xgrammar's do
             run = tuple(req.grammar.find_jump_forward_tokens())
