@@ -624,6 +624,23 @@ def _blocks(pid: int, tid: int, sig: int) -> bool:
     return bool(mask >> (sig - 1) & 1)
 
 
+def test_a_long_prompt_is_tokenized_off_the_event_loop_to_the_same_ids(client: openai.OpenAI,
+                                                                       llm):
+    """Past TOKENIZE_INLINE_CHARS a prompt is tokenized on a worker thread: the same tokens (the
+    usage counts them), for completions and chat."""
+    from specserve.server.serving import TOKENIZE_INLINE_CHARS
+
+    # A long separator line: many characters, few tokens (the server's context is short).
+    prompt = "Below is a divider.\n" + "=" * TOKENIZE_INLINE_CHARS + "\nWhat was above?"
+    assert len(prompt) > TOKENIZE_INLINE_CHARS
+    resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    assert resp.usage.prompt_tokens == len(llm.engine.tokenize(prompt))
+    messages = [{"role": "user", "content": prompt}]
+    chat = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2,
+                                          temperature=0)
+    assert chat.usage.prompt_tokens == len(llm.engine.apply_chat_template(messages))
+
+
 def test_a_speculating_server_streams_the_offline_text_and_counts_its_drafts(llm):
     """A server with an n-gram proposer under the static policy: a streamed greedy completion
     that copies a record equals the offline engine's text without speculation, the spec-decode

@@ -462,3 +462,29 @@ def _healthy(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=2).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_a_body_over_the_limit_is_a_413_before_it_is_parsed():
+    """--max-request-bytes: a larger body gets an OpenAI-shaped 413, declared (Content-Length)
+    or streamed in chunks, and a body within the limit is served."""
+    from fastapi import FastAPI
+    from starlette.testclient import TestClient
+
+    from specserve.server.api_server import BodyLimitMiddleware
+    from specserve.server.errors import install_error_handlers
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/v1/echo")
+    async def echo(body: dict) -> dict:
+        return body
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=1000)
+    client = TestClient(app, headers={"Content-Type": JSON})
+    small = json.dumps({"x": "a" * 10}).encode()
+    large = json.dumps({"x": "a" * 2000}).encode()
+    assert client.post("/v1/echo", content=small).json() == {"x": "a" * 10}
+    assert_openai_error(client.post("/v1/echo", content=large), 413)
+    chunks = (large[i:i + 300] for i in range(0, len(large), 300))  # no Content-Length
+    assert_openai_error(client.post("/v1/echo", content=chunks), 413)

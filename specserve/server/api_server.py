@@ -21,7 +21,8 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specserve.engine.llm_engine import LLMEngine
 from specserve.server.async_engine import AsyncEngine
@@ -115,10 +116,47 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+class BodyLimitMiddleware:
+    """A request body past max_bytes is a 413 before it is read whole: FastAPI parses JSON on the
+    event loop, and a 100 MB body would stall every stream for seconds first. Checked on the
+    declared Content-Length and, for a chunked body, on the bytes as they arrive."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = Headers(scope=scope).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:  # FastAPI passes an HTTPException on to our handler
+                raise HTTPException(413, self._message())
+            return message
+
+        await self.app(scope, counted, send)
+
+    def _message(self) -> str:
+        return f"the request body is larger than {self.max_bytes} bytes (--max-request-bytes)"
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await error_response(413, self._message())(scope, receive, send)
+
+
 def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
               api_key: str | None = None, max_queue: int | None = 256,
               engine_thread: bool = True, stream_interval: int = 1,
-              allowed_origins: list[str] | None = None) -> FastAPI:
+              allowed_origins: list[str] | None = None,
+              max_request_bytes: int = 64 << 20) -> FastAPI:
     """The FastAPI app around a loaded engine. The engine thread starts with the app's lifespan
     and stops with it, aborting whatever is still running."""
     model_name = served_model_name or engine.model_name
@@ -148,6 +186,7 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
     install_error_handlers(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
     if allowed_origins:  # added last, so outermost: a browser's preflight needs no key
         app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
                            allow_headers=["*"])
@@ -171,7 +210,8 @@ def run_server(args: argparse.Namespace) -> None:
                 engine.block_manager.num_blocks)
     app = build_app(engine, served_model_name=args.served_model_name, api_key=args.api_key,
                     max_queue=args.max_queue, engine_thread=False,
-                    stream_interval=args.stream_interval, allowed_origins=args.allowed_origins)
+                    stream_interval=args.stream_interval, allowed_origins=args.allowed_origins,
+                    max_request_bytes=args.max_request_bytes)
     # uvicorn cancels the responses still open when its graceful timeout runs out (a cut
     # stream, a bare 500); the engine aborts them first (drain), and uvicorn waits a little
     # longer than that for them to end properly.

@@ -30,6 +30,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="origins a browser may call the server from (CORS), comma-separated, "
                         "or '*' for any (vLLM allows any by default; default here: none, no "
                         "CORS headers)")
+    p.add_argument("--max-request-bytes", type=positive_int, default=64 << 20,
+                   help="a larger request body is refused with a 413 before it is parsed "
+                        "(default 64 MiB)")
     p.add_argument("--served-model-name", default=None,
                    help="the model name clients must send (default: the model's own name)")
     p.add_argument("--shutdown-timeout", type=_seconds, default=30.0,

@@ -8,12 +8,15 @@ still running so that their KV blocks are freed before the next step.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import functools
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -59,6 +62,10 @@ from specserve.server.streaming import (
 
 # nginx's code for "client closed request": never seen by the client, only in access logs.
 _CLIENT_CLOSED = 499
+# Prompts longer than this (characters) are tokenized off the event loop: ~5k tokens take a few
+# ms, which the streams can wait; a 10 MB prompt takes seconds, which they must not.
+TOKENIZE_INLINE_CHARS = 20_000
+_T = TypeVar("_T")
 
 
 class OpenAIServing:
@@ -83,6 +90,10 @@ class OpenAIServing:
         # step boundary to tokenize and another to be added (measured: ~1 step of the batch
         # running one request short, every time a request is replaced).
         self._tokenizer = copy.deepcopy(engine.engine.tokenizer)
+        # Long prompts go to one worker thread with a tokenizer of its own (a fast tokenizer
+        # must not be used by two threads at once), as vLLM tokenizes off its event loop.
+        self._worker_tokenizer = copy.deepcopy(engine.engine.tokenizer)
+        self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="specserve-tokenize")
         self._token_text = functools.lru_cache(maxsize=1 << 16)(self._decode_token)
         self._token_bytes = functools.lru_cache(maxsize=1 << 16)(
             functools.partial(token_bytes, self._tokenizer))
@@ -92,6 +103,14 @@ class OpenAIServing:
             i for i, t in getattr(self._tokenizer, "added_tokens_decoder", {}).items()
             if t.special)
 
+    async def _tokenize(self, work: Callable[[Any], _T], num_chars: int) -> _T:
+        """work(tokenizer): on the event loop for an ordinary prompt, on the worker thread for
+        one of more than TOKENIZE_INLINE_CHARS characters."""
+        if num_chars <= TOKENIZE_INLINE_CHARS:
+            return work(self._tokenizer)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenize_pool, work, self._worker_tokenizer)
+
     def _capped(self, max_tokens: int | None) -> int | None:
         cap = self._max_tokens_cap
         return max_tokens if cap is None else min(cap, max_tokens or cap)
@@ -100,8 +119,11 @@ class OpenAIServing:
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         with _refused_as_400():
-            prompt_ids = [encode_prompt(self._tokenizer, p, req.add_special_tokens)
-                          if isinstance(p, str) else list(p) for p in req.prompts()]
+            prompts = req.prompts()
+            prompt_ids = await self._tokenize(
+                lambda tok: [encode_prompt(tok, p, req.add_special_tokens)
+                             if isinstance(p, str) else list(p) for p in prompts],
+                sum(len(p) for p in prompts if isinstance(p, str)))
             max_tokens = self._capped(req.max_tokens)
             for ids in prompt_ids:
                 self._check_length(len(ids), max_tokens)
@@ -130,7 +152,8 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
         with _refused_as_400():
-            prompt_ids = _render_chat(self._tokenizer, req)
+            prompt_ids = await self._tokenize(lambda tok: _render_chat(tok, req),
+                                              sum(len(str(m.content)) for m in req.messages))
             max_tokens = self._capped(req.output_limit)
             self._check_length(len(prompt_ids), max_tokens)
             params = req.to_sampling_params(max_tokens, req.num_logprobs, self._defaults)
