@@ -593,37 +593,6 @@ def test_accepts_the_values_that_leave_unsupported_fields_off(client: openai.Ope
     assert resp.usage.completion_tokens == 1
 
 
-# ---- shutdown (last: it stops this module's server) ------------------------------------------
-def test_sigterm_to_any_thread_stops_an_idle_server(server: LiveServer):
-    """Python runs signal handlers only in the main thread, the engine loop's in `specserve
-    serve`, and a signal may be delivered to any thread that does not block it. Sent to another
-    thread while the engine sleeps for want of work, SIGTERM must still stop the server (it was
-    ignored until the next request came)."""
-    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)  # glibc >= 2.30
-    if tgkill is None or not os.path.isdir("/proc/self/task"):
-        pytest.skip("needs Linux's /proc and glibc's tgkill")
-    assert wait_until(lambda: kv_pool_is_free(server)), server.stats()  # idle
-    pid = server.proc.pid
-    # A thread that takes SIGTERM (one that blocks it would keep it pending forever).
-    takers = [tid for tid in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
-              if tid != pid and not _blocks(pid, tid, signal.SIGTERM)]
-    assert takers, "every thread but the main one blocks SIGTERM"
-    assert tgkill(pid, takers[-1], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
-    # Before the fix it never exited; after it, within the idle wait's 0.5 s.
-    assert server.exit_code(15, "SIGTERM") == 0, server.output()
-
-
-def _blocks(pid: int, tid: int, sig: int) -> bool:
-    """Whether thread tid of process pid blocks sig (its SigBlk mask in /proc); a thread that
-    has exited meanwhile counts as blocking (it cannot take the signal)."""
-    try:
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
-            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigBlk:"))
-    except FileNotFoundError:
-        return True
-    return bool(mask >> (sig - 1) & 1)
-
-
 def test_a_long_prompt_is_tokenized_off_the_event_loop_to_the_same_ids(client: openai.OpenAI,
                                                                        llm):
     """Past TOKENIZE_INLINE_CHARS a prompt is tokenized on a worker thread: the same tokens (the
@@ -667,3 +636,34 @@ def test_a_speculating_server_streams_the_offline_text_and_counts_its_drafts(llm
         assert live.metrics()[drafted] == after[drafted]
     finally:
         live.stop()
+
+
+# ---- shutdown (last: it stops this module's server) ------------------------------------------
+def test_sigterm_to_any_thread_stops_an_idle_server(server: LiveServer):
+    """Python runs signal handlers only in the main thread, the engine loop's in `specserve
+    serve`, and a signal may be delivered to any thread that does not block it. Sent to another
+    thread while the engine sleeps for want of work, SIGTERM must still stop the server (it was
+    ignored until the next request came)."""
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)  # glibc >= 2.30
+    if tgkill is None or not os.path.isdir("/proc/self/task"):
+        pytest.skip("needs Linux's /proc and glibc's tgkill")
+    assert wait_until(lambda: kv_pool_is_free(server)), server.stats()  # idle
+    pid = server.proc.pid
+    # A thread that takes SIGTERM (one that blocks it would keep it pending forever).
+    takers = [tid for tid in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+              if tid != pid and not _blocks(pid, tid, signal.SIGTERM)]
+    assert takers, "every thread but the main one blocks SIGTERM"
+    assert tgkill(pid, takers[-1], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+    # Before the fix it never exited; after it, within the idle wait's 0.5 s.
+    assert server.exit_code(15, "SIGTERM") == 0, server.output()
+
+
+def _blocks(pid: int, tid: int, sig: int) -> bool:
+    """Whether thread tid of process pid blocks sig (its SigBlk mask in /proc); a thread that
+    has exited meanwhile counts as blocking (it cannot take the signal)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigBlk:"))
+    except FileNotFoundError:
+        return True
+    return bool(mask >> (sig - 1) & 1)
