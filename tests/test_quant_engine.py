@@ -23,8 +23,25 @@ def bf16_reference():
     return llm.generate([PROMPT], GREEDY)[0].outputs[0].token_ids
 
 
+@pytest.fixture(scope="module")
+def bf16_perplexity() -> tuple[list[int], float]:
+    """300 tokens of reference text and the bf16 engine's perplexity on them (itself anchored
+    to transformers by the greedy tests)."""
+    from specserve.bench.quality import perplexity, reference_text
+
+    llm = LLM(dtype="bfloat16", kv_cache_memory=64 << 20)
+    text = llm.engine.tokenize(reference_text())[:300]
+    return text, perplexity(llm.engine, text)
+
+
+# Perplexity over the bf16 engine's, at most: measured 0.996 (int8), 1.003 (int4), 1.017
+# (fp8), 1.004 (gguf). The embedded bf16 weights are themselves dequantized from its Q4_1
+# GGUF, so requantizing them loses little; a wrong scale or layout costs orders more.
+MAX_PERPLEXITY_RATIO = {"int8": 1.02, "int4": 1.03, "fp8": 1.04, "gguf": 1.02}
+
+
 @pytest.mark.parametrize("method", ["int8", "int4", "gguf", "fp8"])
-def test_every_weight_mode_generates_and_speculates(method, bf16_reference):
+def test_every_weight_mode_generates_and_speculates(method, bf16_reference, bf16_perplexity):
     llm = LLM(quantization=method, kv_cache_memory=384 << 20,
               speculative_config={"method": "draft", "draft_layers": 2, "quantization": method,
                                   "num_speculative_tokens": 2}, speculation_policy="static")
@@ -35,6 +52,12 @@ def test_every_weight_mode_generates_and_speculates(method, bf16_reference):
     # K+1 rows, decoding 1), so a near-tie may flip late; exact identity is tested in fp32.
     plain = LLM(quantization=method, kv_cache_memory=64 << 20)
     assert plain.generate([PROMPT], GREEDY)[0].outputs[0].token_ids[:6] == out.token_ids[:6]
+    # Anchored outside the quantized engines: perplexity next to the bf16 engine's.
+    from specserve.bench.quality import perplexity
+
+    text, reference = bf16_perplexity
+    ratio = perplexity(plain.engine, text) / reference
+    assert 0.97 < ratio < MAX_PERPLEXITY_RATIO[method], ratio
     stats = llm.get_stats()
     assert stats["num_draft_tokens"] > 0
     if method in ("int8", "int4", "gguf"):
