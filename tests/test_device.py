@@ -61,10 +61,23 @@ def test_every_step_tensor_moves_to_the_device(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_greedy_equals_cpu(tmp_path):
+    """Greedy output on the GPU, with n-gram drafts verified there (static: every step drafts
+    where the repeating prompts give a match), equals the CPU engine's without drafts, and
+    transformers' on the GPU."""
+    from transformers import AutoModelForCausalLM
+
     path = str(make_tiny_model(tmp_path / "m"))
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    prompts = [[2, 3, 4, 5], [9, 8, 7]]
+    prompts = [[2, 3, 4, 5] * 4, [9, 8, 7] * 5]
     want = [o.outputs[0].token_ids for o in LLM(path, dtype="float32").generate(prompts, params)]
-    cuda = LLM(path, dtype="float32", device="cuda",
+    cuda = LLM(path, dtype="float32", device="cuda", speculation_policy="static",
                speculative_config={"method": "ngram", "num_speculative_tokens": 3})
     assert [o.outputs[0].token_ids for o in cuda.generate(prompts, params)] == want
+    assert cuda.get_stats()["num_draft_tokens"] > 0
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    for prompt, tokens in zip(prompts, want, strict=True):
+        with torch.inference_mode():
+            ref = hf.generate(torch.tensor([prompt]).cuda(), max_new_tokens=16,
+                              min_new_tokens=16, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)
+        assert ref[0, len(prompt):].tolist() == tokens
