@@ -164,6 +164,14 @@ def test_sampled_jump_forward_keeps_the_constrained_distribution(llm):
     drafted = replies()
     assert _jump_forward(llm)[0] > before[0]  # the forced phrase was drafted
     plain = replies(speculation_policy="off")
+    # The test's power: without drafts some reply text comes in two tokenizations at least 10
+    # times each, so drafts accepted unconditionally (every reply in the tokenizer's own
+    # encoding of the forced phrase) would empty a category the table tests.
+    tokenizations: dict[str, list[int]] = {}
+    for ids, count in plain.items():
+        tokenizations.setdefault(llm.get_tokenizer().decode(ids), []).append(count)
+    assert any(sum(c >= 10 for c in counts) >= 2 for counts in tokenizations.values()), \
+        tokenizations
     # Categories with enough samples to test; the rest pooled.
     keys = [k for k in drafted.keys() | plain.keys() if drafted[k] + plain[k] >= 10]
     table = [(drafted[k], plain[k]) for k in keys]
