@@ -438,3 +438,16 @@ def test_logprobs_carry_vllms_rank_and_stay_floats(llm):
         assert max(entry, key=entry.get) == token
     pairs = zip(out.token_ids, out.logprobs, strict=True)
     assert out.cumulative_logprob == pytest.approx(sum(e[t] for t, e in pairs))
+
+
+def test_a_listed_eos_under_ignore_eos_is_reported_as_the_stop_reason(llm):
+    """vLLM's stop_reason: None when the request ends at EOS, the token id when it ends at a
+    stop_token_ids entry, which an EOS id listed with ignore_eos is (it was reported None)."""
+    eos = llm.engine.model_config.eos_token_ids[0]
+    free = llm.chat([{"role": "user", "content": "Say hello."}],
+                    SamplingParams(temperature=0, max_tokens=200))[0].outputs[0]
+    assert free.token_ids[-1] == eos and free.stop_reason is None
+    listed = llm.chat([{"role": "user", "content": "Say hello."}],
+                      SamplingParams(temperature=0, max_tokens=200, ignore_eos=True,
+                                     stop_token_ids=[eos]))[0].outputs[0]
+    assert listed.token_ids == free.token_ids and listed.stop_reason == eos

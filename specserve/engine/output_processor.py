@@ -36,7 +36,10 @@ def check_stop(req: Request, token: int, tokenizer, eos_token_ids: tuple[int, ..
     """After `token` was appended: the finished status if a stop condition is met."""
     if token in req.stop_token_ids and (req.num_output_tokens > req.params.min_tokens
                                         or _grammar_completed(req)):
-        req.stop_reason = None if token in eos_token_ids else token
+        # An EOS stops as EOS (no reason, as vLLM); with ignore_eos a listed EOS id stopped
+        # only because the request listed it, and is reported like any stop_token_ids entry.
+        is_eos = token in eos_token_ids and not req.params.ignore_eos
+        req.stop_reason = None if is_eos else token
         if req.stream and req.params.include_stop_str_in_output:
             detokenize_incrementally(tokenizer, req)
         return RequestStatus.FINISHED_STOPPED
