@@ -99,7 +99,7 @@ class LLMEngine:
         # that a bad file fails the start and not every request).
         self.sampling_defaults = resolve_sampling_defaults(
             config.generation_config, loaded.path if Path(loaded.path).is_dir() else None)
-        SamplingParams(**self.sampling_defaults).validate()
+        self.default_sampling_params()  # SamplingParams validates them
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
         set_chat_template(self.tokenizer, config.chat_template, loaded.name)
@@ -149,17 +149,17 @@ class LLMEngine:
             self.proposer.allocate_kv_cache(num_blocks, cache.enable_prefix_caching)
             self.runner.aux_layers = self.proposer.aux_layers
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
-        if config.max_model_len is not None and config.max_model_len > cfg.max_position:
-            raise ValueError(f"max_model_len {config.max_model_len} is longer than the model's "
-                             f"context, {cfg.max_position} tokens")
-        if config.max_model_len is not None and \
-                config.max_model_len > num_blocks * cache.block_size:
+        pool_tokens = num_blocks * cache.block_size
+        limit = config.max_model_len
+        if limit is not None and limit > cfg.max_position:
+            raise ValueError(f"max_model_len {limit} is longer than the model's context, "
+                             f"{cfg.max_position} tokens")
+        if limit is not None and limit > pool_tokens:
             # vLLM refuses too: one request of that length could never run.
-            raise ValueError(f"max_model_len {config.max_model_len} is more than the KV pool "
-                             f"holds ({num_blocks * cache.block_size} tokens): raise "
-                             "kv_cache_memory or lower max_model_len")
-        self.max_model_len = min(cfg.max_position, num_blocks * cache.block_size,
-                                 config.max_model_len or cfg.max_position)
+            raise ValueError(f"max_model_len {limit} is more than the KV pool holds "
+                             f"({pool_tokens} tokens): raise kv_cache_memory or lower "
+                             "max_model_len")
+        self.max_model_len = limit or min(cfg.max_position, pool_tokens)
         logger.info("KV cache: %d blocks x %d tokens, %s, %.0f MiB; holds %d tokens = %d "
                     "concurrent 1k-token sequences", num_blocks, cache.block_size, kv_dtype,
                     self.runner.kv_cache_bytes / 2**20, num_blocks * cache.block_size,

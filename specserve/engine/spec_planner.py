@@ -50,11 +50,11 @@ class SpeculationPlanner:
         self.scheduler = scheduler
         self.stats = stats  # EngineStats: draft_time accrues here
         self.max_model_len = max_model_len
-        # Seconds of the last propose(), when some request drafted (0 otherwise): all of it,
-        # planning included (stats), and the proposer's forwards alone (what the draft's cost
-        # model predicts: planning is paid at K = 0 too, and charged to the forwards it made a
-        # cheap draft network look dearer).
-        self.last_draft_time = self.last_propose_time = 0.0
+        # Seconds of the last propose()'s proposer forwards, when some request drafted (0
+        # otherwise): what the draft's cost model predicts. Its planning goes to stats only:
+        # planning is paid at K = 0 too, and charged to the forwards it made a cheap draft
+        # network look dearer.
+        self.last_propose_time = 0.0
         # (size, prefill?, members or None) of the standing all-zero plan
         self._idle_plan: tuple[int, bool, frozenset[str] | None] | None = None
         self._idle_steps = 0
@@ -78,7 +78,7 @@ class SpeculationPlanner:
     def propose(self, policy: SpecPolicy) -> None:
         """Choose K per decoding request (the policy) and guess that many tokens: each
         request's `spec_token_ids` (and `spec_probs`) for the next step."""
-        self.last_draft_time = self.last_propose_time = 0.0
+        self.last_propose_time = 0.0
         reqs, caps, forced = [], [], []
         for req in self.scheduler.running:
             if req.num_computed_tokens != req.num_tokens - 1:
@@ -118,8 +118,7 @@ class SpeculationPlanner:
                 token_ids[i] = tokens
                 if proposal.evidence is not None and ks[i]:  # not over a shadow look-up's
                     reqs[i].spec_evidence = proposal.evidence[j]
-        self.last_draft_time = time.perf_counter() - t0
-        self.stats.draft_time += self.last_draft_time
+        self.stats.draft_time += time.perf_counter() - t0
         for req, tokens in zip(reqs, token_ids, strict=True):
             req.spec_token_ids, req.spec_from_grammar = tokens, False
         row = 0  # the proposal's probability rows are the rest's drafts, in order

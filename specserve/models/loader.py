@@ -70,16 +70,17 @@ def load_model(model: str | None, shared_embedding: torch.Tensor | None = None) 
     """`None` or the embedded name: the shipped GGUF; a .gguf file; or a local HF directory.
     shared_embedding: the target's embedding, which a trained draft directory needs."""
     if is_embedded(model):
-        return _with_tokenizer_eos(load_gguf(embedded_model_path(), name=EMBEDDED_NAME))
-    path = Path(model).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return _with_tokenizer_eos(load_gguf(str(path), name=path.stem))
-    if path.is_dir() and (path / "config.json").is_file():
-        return _with_tokenizer_eos(load_hf_dir(path, shared_embedding))
-    raise ValueError(
-        f"model {model!r} is neither the embedded model, a .gguf file nor a local Hugging Face "
-        "directory with a config.json (weights are never downloaded)"
-    )
+        loaded = load_gguf(embedded_model_path(), name=EMBEDDED_NAME)
+    elif (path := Path(model).expanduser()).is_file() and path.suffix == ".gguf":
+        loaded = load_gguf(str(path), name=path.stem)
+    elif path.is_dir() and (path / "config.json").is_file():
+        loaded = load_hf_dir(path, shared_embedding)
+    else:
+        raise ValueError(
+            f"model {model!r} is neither the embedded model, a .gguf file nor a local Hugging "
+            "Face directory with a config.json (weights are never downloaded)"
+        )
+    return _with_tokenizer_eos(loaded)
 
 
 def _qk_unpermute_index(num_heads: int, head_dim: int) -> np.ndarray:

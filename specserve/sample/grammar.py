@@ -44,6 +44,7 @@ _CPP_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 # the drafts a step verifies).
 _CHARS_PER_DRAFT = 32
 
+
 class GrammarBackend:
     """One per engine: the tokenizer's vocabulary as xgrammar sees it and a compiler whose
     cache makes a repeated schema free. xgrammar is imported on the first constrained request,
@@ -122,12 +123,12 @@ class GrammarBackend:
         text = req.grammar.find_jump_forward_string()
         if not text:
             return []
-        if len(text) > _CHARS_PER_DRAFT * (limit + 2):
+        cut = text[:_CHARS_PER_DRAFT * (limit + 2)]
+        if len(cut) < len(text):
             # A long forced string (a schema's 50 KB const) would be encoded whole at every
             # step, and every shorter version cached. Its first `limit` tokens come from its
             # head, when they end well before the cut (the word the cut falls in may split
             # differently); otherwise this step drafts none of it.
-            cut = text[:_CHARS_PER_DRAFT * (limit + 2)]
             head = self._encode(cut)
             if head is not None and len(head) > limit:
                 used = sum(len(self._token_bytes[t]) for t in head[:limit])
