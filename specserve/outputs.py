@@ -81,3 +81,6 @@ class RequestOutput:
     # Text and tokens added since the previous output of this request (streaming).
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
+    # With SamplingParams.prompt_logprobs: per prompt token, its Logprob and the top ones given
+    # the tokens before it (None for the first token, which nothing precedes), as vLLM's.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -79,6 +79,10 @@ class SamplingParams:
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # return the sampled token's logprob (and this many top ones)
+    # Each prompt token's logprob given the tokens before it (and this many top ones), as
+    # vLLM's: scoring a text (lm-eval's loglikelihood, the server's echo). Such a request reads
+    # no prompt KV from the prefix cache: a cached position produces no logits.
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     # Speculation override for this request: None = engine default, 0 = off, else K_max.
@@ -135,6 +139,9 @@ class SamplingParams:
         if self.logprobs is not None and (not _is_int(self.logprobs)
                                           or not 0 <= self.logprobs <= 20):
             bad(f"logprobs must be in 0..20, got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
+                                                 or not 0 <= self.prompt_logprobs <= 20):
+            bad(f"prompt_logprobs must be in 0..20, got {self.prompt_logprobs!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             bad("stop must be a non-empty string or a list of non-empty strings")
         if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):

@@ -3,6 +3,8 @@ stop conditions, bad input."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from specserve import LLM, SamplingParams
@@ -262,8 +264,46 @@ def test_min_tokens_keeps_stops_from_being_sampled(llm):
     assert out.finish_reason == "stop" and len(out.token_ids) >= 6 and "," in out.text
 
 
+def test_prompt_logprobs_survive_chunks_preemption_and_n(llm):
+    """Prompts scored in chunks of 16 tokens in a pool a quarter of the size the batch needs, so
+    that requests are preempted and recomputed: every prompt is scored once, position by
+    position as alone in a roomy engine, and the replies are unchanged. Choices of n > 1 each
+    carry the scores (transformers' values: test_engine_vs_hf)."""
+    tok = llm.get_tokenizer()
+    prompts = [tok(f"Story {i}: " + "once upon a time in a village by the sea, " * (1 + i % 4),
+                   add_special_tokens=False).input_ids for i in range(12)]
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, prompt_logprobs=1)
+    reference = llm.generate(prompts, params)
+    bs = 16
+    needed = sum(-(-(len(p) + 32) // bs) for p in prompts)
+    small = LLM(dtype="float32", num_blocks=needed // 4, block_size=bs,
+                long_prefill_token_threshold=16)
+    schedule, partly_scored = small.engine.scheduler.schedule, []
+
+    def counting_schedule():
+        out = schedule()
+        partly_scored.extend(r for r in out.preempted
+                             if len(r.prompt_logprobs) < r.num_prompt_tokens)
+        return out
+
+    small.engine.scheduler.schedule = counting_schedule
+    outs = small.generate(prompts, params)
+    assert partly_scored  # preempted between two chunks of a prompt: it resumes mid-prompt
+    for out, ref in zip(outs, reference, strict=True):
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+        assert len(out.prompt_logprobs) == len(out.prompt_token_ids)
+        for got, want in zip(out.prompt_logprobs[1:], ref.prompt_logprobs[1:], strict=True):
+            assert got.keys() == want.keys()
+            for t in got:
+                assert got[t].logprob == pytest.approx(want[t].logprob, abs=1e-4)
+    two = llm.generate(prompts[:1], replace(params, n=2, temperature=1.0, seed=3))[0]
+    assert len(two.outputs) == 2 and len(two.prompt_logprobs) == len(prompts[0])
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(max_tokens=0), "max_tokens"),
+    (dict(prompt_logprobs=21), "prompt_logprobs"),
+    (dict(prompt_logprobs=-1), "prompt_logprobs"),
     (dict(temperature=-1.0), "temperature"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),

@@ -89,3 +89,44 @@ def test_the_bf16_engine_tracks_transformers_fp32(llm, hf_model):
         gaps += (logp.max(-1).values - chosen).tolist()
     assert max(gaps) < NEAR_TIE, max(gaps)
     assert sum(g == 0 for g in gaps) >= 0.9 * len(gaps)
+
+
+def _hf_logprobs(hf_model, ids: list[int]) -> torch.Tensor:
+    """transformers' log-probabilities at each position but the last: row p scores ids[p + 1]."""
+    with torch.inference_mode():
+        return torch.log_softmax(hf_model(torch.tensor([ids])).logits[0, :-1].float(), -1)
+
+
+def test_prompt_logprobs_match_transformers(llm, hf_model):
+    """Each prompt token's logprob given the tokens before it, its rank and the top 3, as
+    transformers computes them: a long prompt scored across prefill chunks next to a short one,
+    and the long one again once the prefix cache holds it (a cached position computes no
+    logits: the request must not read the cache, or it would score nothing there)."""
+    tok = llm.get_tokenizer()
+    long_ids = _long_prompt(tok)
+    short_ids = tok(PROMPTS[0], add_special_tokens=False).input_ids
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=3)
+    llm.engine.block_manager.reset_prefix_cache()
+    first = llm.generate([long_ids, short_ids], params)
+    again = llm.generate([long_ids], params)[0]
+    assert again.metrics.num_cached_tokens == 0
+    # A request without prompt logprobs still reads what the scoring requests cached.
+    plain = llm.generate([long_ids], SamplingParams(temperature=0, max_tokens=2))[0]
+    assert plain.metrics.num_cached_tokens >= len(long_ids) - llm.engine.block_manager.block_size
+    assert plain.prompt_logprobs is None
+    for ids, out in [(long_ids, first[0]), (short_ids, first[1]), (long_ids, again)]:
+        scored = out.prompt_logprobs
+        assert len(scored) == len(ids) and scored[0] is None
+        ref = _hf_logprobs(hf_model, ids)
+        for p, entry in enumerate(scored[1:]):
+            token, want = ids[p + 1], ref[p]
+            assert entry[token].logprob == pytest.approx(float(want[token]), abs=2e-3)
+            # its rank, up to tokens within a hair of it (fp32 sums in another order)
+            v = float(want[token])
+            assert int((want > v + 1e-3).sum()) + 1 <= entry[token].rank <= \
+                int((want >= v - 1e-3).sum())
+            ours = sorted((lp.logprob for t, lp in entry.items()
+                           if lp.rank <= 3), reverse=True)
+            assert ours == pytest.approx(want.topk(3).values.tolist(), abs=2e-3)
+            for t, lp in entry.items():
+                assert lp.logprob == pytest.approx(float(want[t]), abs=2e-3)

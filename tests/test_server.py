@@ -564,7 +564,6 @@ def test_text_chunk_with_usage_equals_the_pydantic_model():
     ("/v1/completions", {"speculation": {"speculation_policy": "static"}}, "speculation_policy"),
     ("/v1/completions", {"min_p": 0.1}, "min_p"),
     ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
-    ("/v1/completions", {"prompt_logprobs": 1}, "prompt_logprobs"),
     ("/v1/completions", {"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
     ("/v1/completions", {"truncate_prompt_tokens": 3}, "truncate_prompt_tokens"),
     ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
@@ -636,6 +635,64 @@ def test_a_speculating_server_streams_the_offline_text_and_counts_its_drafts(llm
         assert live.metrics()[drafted] == after[drafted]
     finally:
         live.stop()
+
+
+# ---- scoring a text: echo and prompt_logprobs ------------------------------------------------
+def test_echo_and_prompt_logprobs_score_the_prompt_as_offline(server: LiveServer,
+                                                              client: openai.OpenAI, llm):
+    """lm-eval's loglikelihood request (token ids, echo, logprobs 1, max_tokens 1) and vLLM's
+    prompt_logprobs field get the prompt's tokens scored as the offline engine scores them (its
+    values are held to transformers' in test_engine_vs_hf), streamed and not."""
+    tok = llm.get_tokenizer()
+    ids = tok(PROMPTS[0], add_special_tokens=False).input_ids
+    offline = llm.generate([ids], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True,
+                                                 prompt_logprobs=1))[0]
+    want = [entry and entry[t].logprob for entry, t in zip(offline.prompt_logprobs, ids,
+                                                             strict=True)]
+    reply = client.completions.create(model=MODEL, prompt=[ids], max_tokens=1, logprobs=1,
+                                      echo=True, temperature=0)
+    choice = reply.choices[0]
+    lp = choice.logprobs
+    first_token = tok.decode(offline.outputs[0].token_ids[:1])
+    assert choice.text == PROMPTS[0] + first_token
+    assert lp.tokens[:len(ids)] == [tok.decode([t]) for t in ids] and len(lp.tokens) == len(ids) + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx(want[1:], abs=1e-3)
+    assert lp.text_offset[0] == 0 and lp.text_offset[len(ids)] == len(PROMPTS[0])
+    # lm-eval's greedy test reads the top entry: the prompt token and the likeliest one
+    for p in range(1, len(ids)):
+        top = lp.top_logprobs[p]
+        assert lp.tokens[p] in top and 1 <= len(top) <= 2
+        assert (max(top.values()) == lp.token_logprobs[p]) == \
+            (offline.prompt_logprobs[p][ids[p]].rank == 1)
+    assert reply.usage.prompt_tokens == len(ids) and reply.usage.completion_tokens == 1
+    # Streamed: the prompt first, in a chunk of its own, then the completion as without echo.
+    chunks = _sse_chunks(server, "/v1/completions", {
+        "prompt": PROMPTS[0], "echo": True, "logprobs": 0, "max_tokens": 3, "temperature": 0,
+        "ignore_eos": True, "stream": True})
+    head = chunks[0]["choices"][0]
+    assert head["text"] == PROMPTS[0] and head["logprobs"]["token_logprobs"][0] is None
+    assert head["logprobs"]["token_logprobs"][1:] == pytest.approx(want[1:], abs=1e-3)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == \
+        PROMPTS[0] + offline_text(llm, PROMPTS[0], max_tokens=3, ignore_eos=True)[0]
+    # vLLM's prompt_logprobs field: by token id, with rank and text, on completions' choices
+    # and on a chat response; a response that did not ask has no such key.
+    body = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+        "prompt": [ids], "max_tokens": 1, "prompt_logprobs": 2}).json()
+    scored = body["choices"][0]["prompt_logprobs"]
+    assert scored[0] is None and len(scored) == len(ids)
+    for p in range(1, len(ids)):
+        entry = scored[p][str(ids[p])]
+        assert entry["logprob"] == pytest.approx(want[p], abs=1e-3)
+        assert entry["decoded_token"] == tok.decode([ids[p]]) and entry["rank"] >= 1
+        assert 2 <= len(scored[p]) <= 3
+    chat = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "messages": CHAT, "max_tokens": 1, "prompt_logprobs": 0}).json()
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    assert all(len(e) == 1 for e in chat["prompt_logprobs"][1:])
+    plain = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+        "prompt": PROMPTS[0], "max_tokens": 1}).json()
+    assert "prompt_logprobs" not in plain["choices"][0]
 
 
 # ---- shutdown (last: it stops this module's server) ------------------------------------------

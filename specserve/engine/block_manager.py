@@ -70,10 +70,12 @@ class BlockManager:
 
     def find_cached_prefix(self, req: Request) -> list[int]:
         """Block ids of the longest cached prefix of req. At least one token is always left to
-        compute, because the last prompt position must produce logits."""
+        compute, because the last prompt position must produce logits (more while prompt
+        logprobs are missing: Request.max_cached_prefix)."""
         if not self.enable_prefix_caching:
             return []
-        hashes = self._request_hashes(req, req.num_tokens - 1)
+        limit = req.max_cached_prefix
+        hashes = self._request_hashes(req, limit)[:limit // self.block_size]
         hit: list[int] = []
         parent = None
         bs = self.block_size
@@ -97,7 +99,8 @@ class BlockManager:
         bisection."""
         if not self.enable_prefix_caching or not self.cached:
             return 0
-        hashes = self._request_hashes(req, req.num_tokens - 1)
+        limit = req.max_cached_prefix
+        hashes = self._request_hashes(req, limit)[:limit // self.block_size]
         lo, hi = 0, len(hashes)  # the first lo blocks are cached; is block hi - 1?
         while lo < hi:
             mid = (lo + hi + 1) // 2

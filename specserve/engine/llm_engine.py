@@ -16,7 +16,12 @@ import torch
 from specserve.config import EngineConfig
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
-from specserve.engine.output_processor import check_stop, make_output, record_logprobs
+from specserve.engine.output_processor import (
+    check_stop,
+    make_output,
+    record_logprobs,
+    record_prompt_logprobs,
+)
 from specserve.engine.prompts import encode_chat, encode_prompt, set_chat_template
 from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler
@@ -328,6 +333,8 @@ class LLMEngine:
         inputs = self.runner.prepare(sched.scheduled)
         sampling: list[tuple[Request, int]] = []  # (request, draft tokens verified)
         logits_indices: list[int] = []
+        scoring: list[tuple[Request, int]] = []  # (request, prompt tokens scored this step)
+        prompt_rows: list[int] = []  # rows whose logits score the prompt's next token
         for i, (req, n) in enumerate(sched.scheduled):
             end = req.num_computed_tokens + n
             if end >= req.num_tokens:  # reaches the last known token: this step samples
@@ -338,11 +345,27 @@ class LLMEngine:
             if req.num_computed_tokens < req.num_prompt_tokens:
                 self.stats.num_prompt_tokens += min(n, req.num_prompt_tokens
                                                     - req.num_computed_tokens)
+            if req.prompt_logprobs is not None:
+                # Position p's logits score prompt token p + 1: the positions from the first
+                # unscored one to the prompt's second last (a recomputation after a
+                # preemption scores nothing twice).
+                first = len(req.prompt_logprobs) - 1
+                stop = min(end, req.num_prompt_tokens - 1)
+                if stop > first:
+                    row = inputs.query_start[i] + first - req.num_computed_tokens
+                    prompt_rows.extend(range(row, row + stop - first))
+                    scoring.append((req, stop - first))
         t1 = time.perf_counter()
-        hidden, logits = self.runner.execute(inputs,
-                                             torch.tensor(logits_indices, dtype=torch.long),
-                                             on_forward=on_forward,
-                                             float32_logits=not _only_argmax(sampling))
+        hidden, logits = self.runner.execute(
+            inputs, torch.tensor(logits_indices + prompt_rows, dtype=torch.long),
+            on_forward=on_forward,
+            float32_logits=bool(prompt_rows) or not _only_argmax(sampling))
+        if prompt_rows:
+            prompt_logits, logits = logits[len(logits_indices):], logits[:len(logits_indices)]
+            row = 0
+            for req, count in scoring:
+                record_prompt_logprobs(req, prompt_logits[row:row + count])
+                row += count
         reqs = [r for r, _ in sampling]
         num_spec = [k for _, k in sampling]
         if self._grammar is not None and any(r.grammar is not None for r in reqs):

@@ -13,22 +13,42 @@ from specserve.engine.request import Request, RequestStatus
 from specserve.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
 
-def record_logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> None:
-    """logits: [len(tokens), vocab], the rows that produced `tokens`."""
-    logprobs = logits.log_softmax(dim=-1)
-    for lp, token in zip(logprobs, tokens, strict=True):
-        value = lp[token]
-        # vLLM's rank: how many tokens are at least as likely as this one.
-        entry = {token: Logprob(float(value), int((lp >= value).sum()))}
-        if req.params.logprobs:
-            top = lp.topk(req.params.logprobs)
+def logprob_entries(logits: torch.Tensor, tokens: list[int], num_top: int | None
+                    ) -> list[dict[int, Logprob]]:
+    """Per row of logits [len(tokens), vocab]: {token: its Logprob} and the top num_top."""
+    if not tokens:
+        return []
+    logprobs = logits.float().log_softmax(dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(tokens, dtype=torch.long).unsqueeze(1))
+    # vLLM's rank: how many tokens are at least as likely as this one.
+    ranks = (logprobs >= chosen).sum(dim=1).tolist()
+    entries = [{t: Logprob(v, r)} for t, v, r in zip(tokens, chosen.squeeze(1).tolist(), ranks,
+                                                      strict=True)]
+    if num_top:
+        top = logprobs.topk(num_top)
+        for entry, token, ids, values in zip(entries, tokens, top.indices.tolist(),
+                                             top.values.tolist(), strict=True):
             # Under a grammar fewer tokens than asked for may be possible: no -inf entries.
-            for rank, (t, v) in enumerate(zip(top.indices.tolist(), top.values.tolist(),
-                                              strict=True), start=1):
+            for rank, (t, v) in enumerate(zip(ids, values, strict=True), start=1):
                 if v != float("-inf") and t != token:
                     entry[t] = Logprob(v, rank)
+    return entries
+
+
+def record_logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> None:
+    """logits: [len(tokens), vocab], the rows that produced `tokens`."""
+    for entry, token in zip(logprob_entries(logits, tokens, req.params.logprobs), tokens,
+                            strict=True):
         req.logprobs.append(entry)
         req.cumulative_logprob += entry[token]
+
+
+def record_prompt_logprobs(req: Request, logits: torch.Tensor) -> None:
+    """logits: the rows of the prompt positions after the last one scored, in order; each
+    scores the prompt token that follows its position."""
+    start = len(req.prompt_logprobs)
+    tokens = req.prompt_token_ids[start:start + len(logits)]
+    req.prompt_logprobs.extend(logprob_entries(logits, tokens, req.params.prompt_logprobs))
 
 
 def check_stop(req: Request, token: int, tokenizer, eos_token_ids: tuple[int, ...]
@@ -93,4 +113,5 @@ def make_output(req: Request, tokenizer, num_new: int, itl: float | None = None
                              [] if itl is None else [itl])
     delta = req.output_token_ids[-num_new:] if num_new else []
     return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [completion],
-                         finished, metrics, delta_token_ids=delta)
+                         finished, metrics, delta_token_ids=delta,
+                         prompt_logprobs=req.prompt_logprobs)

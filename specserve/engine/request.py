@@ -77,6 +77,10 @@ class Request:
         self.logit_bias_tensors: tuple[torch.Tensor, torch.Tensor] | None = None
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, Logprob]] = []
+        # With params.prompt_logprobs: one entry per prompt token recorded so far (the first
+        # token has none: None), filled as prefill chunks compute their positions.
+        self.prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+            None if params.prompt_logprobs is None else [None])
         # Detokenizer state (only used for stop strings and streaming).
         self.output_text = ""
         self.prefix_offset = 0
@@ -101,6 +105,16 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def max_cached_prefix(self) -> int:
+        """Tokens a prefix-cache hit may serve: all but the last (its logits are sampled
+        from), or, while prompt logprobs are missing, only the positions whose logits were
+        recorded (a served position computes no logits)."""
+        if self.prompt_logprobs is not None and \
+                len(self.prompt_logprobs) < self.num_prompt_tokens:
+            return len(self.prompt_logprobs) - 1
+        return self.num_tokens - 1
 
     @property
     def is_finished(self) -> bool:

@@ -169,6 +169,8 @@ class Scheduler:
         again. Hashes only, no token comparison (find_cached_prefix does that on admission),
         so that a long queue is cheap to pass over; chained hashes make a match a whole-prefix
         match, and a collision costs a wait, never wrong KV."""
+        if req.max_cached_prefix < req.num_prompt_tokens - 1:
+            return False  # it may not read the prefix (prompt logprobs): nothing to wait for
         cached = self.block_manager.cached
         shared = in_flight = 0
         for h in self.block_manager.prompt_block_hashes(req):

@@ -1,8 +1,8 @@
 """OpenAI API request and response models (completions, chat completions, models).
 
 Scalars are strict: `"max_tokens": "5"` or `"stream": 1` is a 400, not silently coerced. Unknown
-fields are ignored, as OpenAI's API and vLLM do, but known features we do not implement (echo,
-suffix, tools, min_p, ...) are refused rather than silently ignored, and so is an unknown key in
+fields are ignored, as OpenAI's API and vLLM do, but known features we do not implement (suffix,
+tools, min_p, ...) are refused rather than silently ignored, and so is an unknown key in
 our own objects (`speculation`, `structured_outputs`). Structured outputs come as OpenAI's
 `response_format` or vLLM's `structured_outputs` body field.
 """
@@ -133,7 +133,7 @@ class StructuredOutputsOptions(OpenAIModel):
 # that leave them off.
 _UNSUPPORTED_SAMPLING = {
     "min_p": (None, 0), "use_beam_search": (None, False), "allowed_token_ids": (None, []),
-    "bad_words": (None, []), "logits_processors": (None, []), "prompt_logprobs": (None,),
+    "bad_words": (None, []), "logits_processors": (None, []),
     "truncate_prompt_tokens": (None,), "return_tokens_as_token_ids": (None, False),
     "guided_whitespace_pattern": (None,),
 }
@@ -169,6 +169,9 @@ class SamplingRequest(OpenAIModel):
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_LISTED_TOKENS)] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
+    # vLLM's: each prompt token's logprob (and this many top ones), in the response's
+    # prompt_logprobs (not with stream, as vLLM; a completion's echo streams them instead).
+    prompt_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     # Speculative decoding for this request: K (0 = off), or
     # {"num_speculative_tokens": K, "policy": "off" | "static" | "adaptive"}.
     speculation: Annotated[SpecTokens | SpeculationOptions | None,
@@ -194,6 +197,8 @@ class SamplingRequest(OpenAIModel):
     def _check_common(self) -> SamplingRequest:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed when stream is true")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("prompt_logprobs is not available when stream is true")
         # Parsed once here (they raise for bad input), read by to_sampling_params.
         self._bias_by_id = self._parse_logit_bias()
         self._structured = self._parse_structured_outputs()
@@ -245,6 +250,10 @@ class SamplingRequest(OpenAIModel):
         # vLLM's rule: only together with include_usage.
         return self.include_usage and self.stream_options.continuous_usage_stats
 
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        return self.prompt_logprobs
+
     def to_sampling_params(self, max_tokens: int | None, logprobs: int | None,
                            defaults: SamplingParams) -> SamplingParams:
         """defaults: what the engine samples with where the request is silent (the model's
@@ -263,6 +272,7 @@ class SamplingRequest(OpenAIModel):
             top_k=given(self.top_k, defaults.top_k), seed=self.seed, max_tokens=max_tokens,
             min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=logprobs,
+            prompt_logprobs=self.num_prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             num_speculative_tokens=spec, speculation_policy=policy,
@@ -289,13 +299,19 @@ class CompletionRequest(SamplingRequest):
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
-        if self.echo:
-            raise ValueError("echo is not supported")
         if self.suffix:
             raise ValueError("suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported (it may only equal n)")
         return self
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """Echoed with logprobs, the prompt's tokens get them too (as OpenAI's legacy API and
+        vLLM do: lm-eval scores a text this way)."""
+        if self.echo and self.logprobs is not None:
+            return max(self.logprobs, self.prompt_logprobs or 0)
+        return self.prompt_logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """The batch of prompts: one string, a list of strings, token ids, or lists of them."""
@@ -402,12 +418,32 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's serialised Logprob, the values of a prompt_logprobs entry (keyed by token id)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_prompt_logprobs(self, handler) -> dict:
+        # Only a response that asked for them carries the key (a streamed chunk never does).
+        data = handler(self)
+        if data.get("prompt_logprobs", 0) is None:
+            del data["prompt_logprobs"]
+        return data
 
 
 class CompletionResponse(BaseModel):
@@ -453,6 +489,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None  # vLLM's, with the request's prompt_logprobs
 
 
 class DeltaMessage(BaseModel):

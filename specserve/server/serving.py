@@ -48,6 +48,8 @@ from specserve.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
+    PromptLogprob,
+    PromptLogprobs,
     TokenLogprob,
     TopLogprob,
     UsageInfo,
@@ -131,8 +133,12 @@ class OpenAIServing:
         request_id = f"cmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, prompt_ids, params, req.n, req.stream)
         num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
+        # echo: each choice's text starts with its prompt, as given (token ids decoded).
+        echoed = ([p if isinstance(p, str) else decode(self._tokenizer, ids,
+                                                        req.skip_special_tokens)
+                   for p, ids in zip(prompts, prompt_ids, strict=True)] if req.echo else None)
         if req.stream:
-            events = self._completion_events(request_id, req, stream, num_prompt_tokens)
+            events = self._completion_events(request_id, req, stream, prompt_ids, echoed)
             return EventStreamResponse(events, stream)
         outputs = await collect_outputs(stream, raw)
         if outputs is None:
@@ -140,11 +146,21 @@ class OpenAIServing:
         choices = []
         for i, out in enumerate(outputs):
             c = out.outputs[0]
-            logprobs = (None if c.logprobs is None else self._completion_logprobs(
-                c.token_ids, c.logprobs, TextOffsets(), req.skip_special_tokens))
-            choices.append(CompletionChoice(index=i, text=c.text, logprobs=logprobs,
-                                            finish_reason=c.finish_reason,
-                                            stop_reason=c.stop_reason))
+            text, logprobs = c.text, None
+            if c.logprobs is not None:
+                logprobs = CompletionLogprobs()
+                offsets = TextOffsets()
+                if echoed is not None:
+                    self._completion_logprobs(out.prompt_token_ids, out.prompt_logprobs,
+                                              offsets, req.skip_special_tokens, logprobs)
+                self._completion_logprobs(c.token_ids, c.logprobs, offsets,
+                                          req.skip_special_tokens, logprobs)
+            if echoed is not None:
+                text = echoed[i // req.n] + text
+            choices.append(CompletionChoice(
+                index=i, text=text, logprobs=logprobs, finish_reason=c.finish_reason,
+                stop_reason=c.stop_reason,
+                prompt_logprobs=self._prompt_logprobs(out, req.prompt_logprobs)))
         body = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                   usage=_usage(num_prompt_tokens, outputs))
         return _json(body)
@@ -173,8 +189,10 @@ class OpenAIServing:
             choices.append(ChatChoice(index=i, message=ChatResponseMessage(content=c.text),
                                       logprobs=logprobs, finish_reason=c.finish_reason,
                                       stop_reason=c.stop_reason))
-        body = ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices,
-                                      usage=_usage(len(prompt_ids), outputs))
+        body = ChatCompletionResponse(
+            id=request_id, model=self.model_name, choices=choices,
+            usage=_usage(len(prompt_ids), outputs),
+            prompt_logprobs=self._prompt_logprobs(outputs[0], req.prompt_logprobs))
         return _json(body)
 
     # ---- validation and submission ------------------------------------------------------------
@@ -221,10 +239,12 @@ class OpenAIServing:
 
     # ---- streaming ----------------------------------------------------------------------------
     async def _completion_events(self, request_id: str, req: CompletionRequest,
-                                 stream: OutputStream, num_prompt_tokens: int,
-                                 ) -> AsyncIterator[BaseModel | str]:
+                                 stream: OutputStream, prompt_ids: list[list[int]],
+                                 echoed: list[str] | None) -> AsyncIterator[BaseModel | str]:
         created = int(time.time())
+        num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
         deltas = DeltaTracker(len(stream.request_ids), req.stop)
+        to_echo = set(range(len(stream.request_ids))) if echoed is not None else set()
         final: list[RequestOutput | None] = [None] * len(stream.request_ids)
         text_chunk = TextChunk(lambda i, text: CompletionResponse(
             id=request_id, created=created, model=self.model_name,
@@ -232,6 +252,14 @@ class OpenAIServing:
         continuous_usage, num_tokens = req.continuous_usage, None
         async for i, out in stream:
             c = out.outputs[0]
+            if i in to_echo:  # the prompt first, in a chunk of its own (as vLLM streams it)
+                to_echo.discard(i)
+                logprobs = None if c.logprobs is None else self._completion_logprobs(
+                    out.prompt_token_ids, out.prompt_logprobs, deltas.text_offsets[i],
+                    req.skip_special_tokens)
+                yield CompletionResponse(id=request_id, created=created, model=self.model_name,
+                                         choices=[CompletionChoice(index=i, text=echoed[i // req.n],
+                                                                   logprobs=logprobs)])
             text = deltas.text(i, c.text, out.finished)
             token_ids, token_logprobs = deltas.tokens(i, c)
             if continuous_usage:
@@ -303,17 +331,31 @@ class OpenAIServing:
     def _decode_token(self, token_id: int) -> str:
         return decode(self._tokenizer, [token_id])
 
-    def _completion_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[dict[int, float]],
-                             offsets: TextOffsets, skip_special: bool) -> CompletionLogprobs:
-        result = CompletionLogprobs()
+    def _completion_logprobs(self, token_ids: Sequence[int],
+                             logprobs: Sequence[dict[int, float] | None], offsets: TextOffsets,
+                             skip_special: bool, result: CompletionLogprobs | None = None
+                             ) -> CompletionLogprobs:
+        """OpenAI's legacy logprobs of token_ids, appended to result (a new one if None). An
+        entry is None for a prompt's first token, which nothing precedes (echo)."""
+        result = CompletionLogprobs() if result is None else result
         for token, entry in zip(token_ids, logprobs, strict=True):
             result.tokens.append(self._token_text(token))
-            result.token_logprobs.append(entry[token])
+            result.token_logprobs.append(None if entry is None else entry[token])
             # The sampled token is always included, so there may be logprobs + 1 entries.
-            result.top_logprobs.append({self._token_text(t): lp for t, lp in entry.items()})
+            result.top_logprobs.append(None if entry is None else
+                                       {self._token_text(t): lp for t, lp in entry.items()})
             skipped = skip_special and token in self._special_ids  # not in the text
             result.text_offset.append(offsets.add(b"" if skipped else self._token_bytes(token)))
         return result
+
+    def _prompt_logprobs(self, out: RequestOutput, asked: int | None) -> PromptLogprobs | None:
+        """vLLM's prompt_logprobs of a response, when the request asked for them."""
+        if asked is None or out.prompt_logprobs is None:
+            return None
+        return [None if entry is None else
+                {t: PromptLogprob(logprob=lp, rank=lp.rank, decoded_token=self._token_text(t))
+                 for t, lp in entry.items()}
+                for entry in out.prompt_logprobs]
 
     def _chat_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[dict[int, float]],
                        num_top: int) -> ChatChoiceLogprobs:
