@@ -38,6 +38,12 @@ class ProposerSeq:
     def num_tokens(self) -> int:
         return len(self.req.all_token_ids)
 
+    @property
+    def max_cached_prefix(self) -> int:
+        """What the proposer's prefix cache may serve (Request.max_cached_prefix): all but the
+        last token, whose logits propose."""
+        return self.num_tokens - 1
+
 
 class ModelProposer(Proposer):
     """Subclasses set `model` (the network whose KV cache the pool holds), `model_config`,
