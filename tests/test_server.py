@@ -666,6 +666,16 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_offline(server: LiveServer
         assert (max(top.values()) == lp.token_logprobs[p]) == \
             (offline.prompt_logprobs[p][ids[p]].rank == 1)
     assert reply.usage.prompt_tokens == len(ids) and reply.usage.completion_tokens == 1
+    # OpenAI's legacy scoring request: echo with max_tokens 0 scores the prompt, adds nothing.
+    only = client.completions.create(model=MODEL, prompt=[ids], max_tokens=0, logprobs=1,
+                                     echo=True)
+    assert only.choices[0].text == PROMPTS[0] and only.choices[0].finish_reason == "length"
+    assert only.choices[0].logprobs.token_logprobs == lp.token_logprobs[:len(ids)]
+    assert only.usage.completion_tokens == 0
+    streamed = _sse_chunks(server, "/v1/completions", {
+        "prompt": PROMPTS[0], "echo": True, "max_tokens": 0, "stream": True})
+    assert "".join(c["choices"][0]["text"] for c in streamed) == PROMPTS[0]
+    assert streamed[-1]["choices"][0]["finish_reason"] == "length"
     # Streamed: the prompt first, in a chunk of its own, then the completion as without echo.
     chunks = _sse_chunks(server, "/v1/completions", {
         "prompt": PROMPTS[0], "echo": True, "logprobs": 0, "max_tokens": 3, "temperature": 0,

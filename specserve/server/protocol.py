@@ -289,7 +289,8 @@ class CompletionRequest(SamplingRequest):
                              "lists of token ids")]
     # Absent: OpenAI's 16; null: the rest of the context (vLLM's reading).
     _null_is_none = frozenset({"max_tokens"})
-    max_tokens: PositiveInt | None = 16
+    # 0 only with echo: the prompt scored, nothing generated (OpenAI's legacy scoring request).
+    max_tokens: Annotated[StrictInt, Field(ge=0)] | None = 16
     logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     # vLLM's: a completion's prompt gets the tokenizer's special tokens (a BOS) unless false.
     add_special_tokens: StrictBool = True
@@ -299,11 +300,19 @@ class CompletionRequest(SamplingRequest):
 
     @model_validator(mode="after")
     def _check_completion(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("max_tokens must be at least 1 (0 only with echo: the prompt "
+                             "scored, nothing generated)")
         if self.suffix:
             raise ValueError("suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported (it may only equal n)")
         return self
+
+    @property
+    def echo_only(self) -> bool:
+        """echo with max_tokens 0: the engine generates one token, which is left out."""
+        return self.echo and self.max_tokens == 0
 
     @property
     def num_prompt_logprobs(self) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import functools
 import time
 import uuid
@@ -126,7 +127,7 @@ class OpenAIServing:
                 lambda tok: [encode_prompt(tok, p, req.add_special_tokens)
                              if isinstance(p, str) else list(p) for p in prompts],
                 sum(len(p) for p in prompts if isinstance(p, str)))
-            max_tokens = self._capped(req.max_tokens)
+            max_tokens = 1 if req.echo_only else self._capped(req.max_tokens)
             for ids in prompt_ids:
                 self._check_length(len(ids), max_tokens)
             params = req.to_sampling_params(max_tokens, req.logprobs, self._defaults)
@@ -144,6 +145,8 @@ class OpenAIServing:
         if outputs is None:
             return Response(status_code=_CLIENT_CLOSED)
         choices = []
+        if req.echo_only:  # the one token generated is not part of the answer
+            outputs = [_without_completion(out) for out in outputs]
         for i, out in enumerate(outputs):
             c = out.outputs[0]
             text, logprobs = c.text, None
@@ -251,6 +254,8 @@ class OpenAIServing:
             choices=[CompletionChoice(index=i, text=text)]))
         continuous_usage, num_tokens = req.continuous_usage, None
         async for i, out in stream:
+            if req.echo_only:
+                out = _without_completion(out)
             c = out.outputs[0]
             if i in to_echo:  # the prompt first, in a chunk of its own (as vLLM streams it)
                 to_echo.discard(i)
@@ -389,6 +394,17 @@ def _render_chat(tokenizer, req: ChatCompletionRequest) -> list[int]:
                        add_generation_prompt=req.add_generation_prompt,
                        continue_final_message=req.continue_final_message,
                        documents=req.documents, template_kwargs=req.chat_template_kwargs)
+
+
+def _without_completion(out: RequestOutput) -> RequestOutput:
+    """out as if it had generated nothing (echo with max_tokens 0), finished for length."""
+    c = out.outputs[0]
+    empty = dataclasses.replace(c, text="", token_ids=[],
+                                logprobs=None if c.logprobs is None else [],
+                                cumulative_logprob=None if c.logprobs is None else 0.0,
+                                finish_reason="length" if c.finish_reason else None,
+                                stop_reason=None)
+    return dataclasses.replace(out, outputs=[empty], delta_text="", delta_token_ids=[])
 
 
 def _usage_info(num_tokens: tuple[int, int] | None) -> UsageInfo | None:
