@@ -4,6 +4,7 @@ target's features handed over step by step), and a head for another target is re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from types import SimpleNamespace
@@ -106,6 +107,17 @@ def test_eagle_is_lossless_in_a_mixed_batch(trained):
     assert stats["num_accepted_tokens"] > 0  # the head learned something it can use
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
     assert not spec.engine.proposer.seqs  # every request's features and blocks were freed
+    # Prompt logprobs are read from the final feature, with the fused layer streams beside it.
+    scored = dataclasses.replace(params[-1], prompt_logprobs=2)
+    got, want = (llm.generate(prompts[2:4], scored) for llm in (spec, LLM(
+        str(target), dtype="float32", kv_cache_memory=KV)))
+    for a, b in zip(got, want, strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert len(a.prompt_logprobs) == len(b.prompt_logprobs) and a.prompt_logprobs[0] is None
+        for x, y in zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
+            assert x.keys() == y.keys()
+            assert [x[t].logprob for t in x] == pytest.approx([y[t].logprob for t in x],
+                                                              abs=1e-4)
     # Random requests run through rejection sampling with the head's probabilities (unseeded:
     # a seeded sampled request drafts nothing).
     torch.manual_seed(1)

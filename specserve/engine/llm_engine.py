@@ -44,6 +44,8 @@ from specserve.spec_decode.config import SpeculativeConfig
 from specserve.spec_decode.policy import SpecPolicy, build_policy
 from specserve.spec_decode.profiler import profile_forward
 
+# Prompt positions scored per LM-head call (prompt_logprobs): bounds their fp32 logits.
+PROMPT_LOGPROBS_ROWS = 128
 STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)  # vLLM's
 
 
@@ -333,8 +335,8 @@ class LLMEngine:
         inputs = self.runner.prepare(sched.scheduled)
         sampling: list[tuple[Request, int]] = []  # (request, draft tokens verified)
         logits_indices: list[int] = []
-        scoring: list[tuple[Request, int]] = []  # (request, prompt tokens scored this step)
-        prompt_rows: list[int] = []  # rows whose logits score the prompt's next token
+        # (request, first row, rows): hidden rows whose logits score the prompt's next tokens
+        scoring: list[tuple[Request, int, int]] = []
         for i, (req, n) in enumerate(sched.scheduled):
             end = req.num_computed_tokens + n
             if end >= req.num_tokens:  # reaches the last known token: this step samples
@@ -352,20 +354,13 @@ class LLMEngine:
                 first = len(req.prompt_logprobs) - 1
                 stop = min(end, req.num_prompt_tokens - 1)
                 if stop > first:
-                    row = inputs.query_start[i] + first - req.num_computed_tokens
-                    prompt_rows.extend(range(row, row + stop - first))
-                    scoring.append((req, stop - first))
+                    scoring.append((req, inputs.query_start[i] + first - req.num_computed_tokens,
+                                    stop - first))
         t1 = time.perf_counter()
-        hidden, logits = self.runner.execute(
-            inputs, torch.tensor(logits_indices + prompt_rows, dtype=torch.long),
-            on_forward=on_forward,
-            float32_logits=bool(prompt_rows) or not _only_argmax(sampling))
-        if prompt_rows:
-            prompt_logits, logits = logits[len(logits_indices):], logits[:len(logits_indices)]
-            row = 0
-            for req, count in scoring:
-                record_prompt_logprobs(req, prompt_logits[row:row + count])
-                row += count
+        hidden, logits = self.runner.execute(inputs,
+                                             torch.tensor(logits_indices, dtype=torch.long),
+                                             on_forward=on_forward,
+                                             float32_logits=not _only_argmax(sampling))
         reqs = [r for r, _ in sampling]
         num_spec = [k for _, k in sampling]
         if self._grammar is not None and any(r.grammar is not None for r in reqs):
@@ -385,6 +380,8 @@ class LLMEngine:
                               [r.spec_probs for r in reqs])
         t_forward = time.perf_counter() - t1
         self.stats.forward_time += t_forward
+        if scoring:  # after the forward's timing: the cost model prices forwards, not this
+            self._score_prompts(hidden, scoring)
         num_tokens = sched.total_num_tokens  # a sum over the batch: once per step
         if any(num_spec):
             self.stats.verify_time += time.perf_counter() - t1
@@ -453,6 +450,17 @@ class LLMEngine:
         stats.num_step_tokens += num_tokens
         stats.step_time += time.perf_counter() - t0
         return outputs
+
+    def _score_prompts(self, hidden: torch.Tensor, scoring: list[tuple[Request, int, int]]
+                       ) -> None:
+        """Record prompt logprobs from the final hidden rows that score them, through the LM
+        head in slices of PROMPT_LOGPROBS_ROWS: a long prompt's fp32 logits never exist whole
+        (512 rows x 128k ids would be 256 MB)."""
+        model, h = self.runner.model, self.model_config.hidden_size
+        for req, row, count in scoring:
+            for start in range(row, row + count, PROMPT_LOGPROBS_ROWS):
+                end = min(start + PROMPT_LOGPROBS_ROWS, row + count)
+                record_prompt_logprobs(req, model.compute_logits(hidden[start:end, :h]).cpu())
 
     def _hand_over_hidden(self, scheduled, computed_before: list[int], query_start: list[int],
                           hidden: torch.Tensor) -> None:
