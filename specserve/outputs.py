@@ -7,26 +7,25 @@ from dataclasses import dataclass, field
 
 class Logprob(float):
     """One token's log-probability: a float, so that code reading numbers keeps working, with
-    vLLM's fields (`.logprob`, `.rank`: 1 for the likeliest token; `.decoded_token` is None,
-    the server and `token_bytes` give a token's text)."""
+    vLLM's fields (`.logprob`, `.rank`: 1 for the likeliest token, `.decoded_token`: the
+    token's text decoded alone)."""
 
-    __slots__ = ("rank",)
+    __slots__ = ("rank", "decoded_token")
 
-    def __new__(cls, logprob: float, rank: int | None = None) -> Logprob:
+    def __new__(cls, logprob: float, rank: int | None = None,
+                decoded_token: str | None = None) -> Logprob:
         obj = super().__new__(cls, logprob)
         obj.rank = rank
+        obj.decoded_token = decoded_token
         return obj
 
     @property
     def logprob(self) -> float:
         return float(self)
 
-    @property
-    def decoded_token(self) -> None:
-        return None
-
     def __repr__(self) -> str:
-        return f"Logprob(logprob={float(self)!r}, rank={self.rank!r})"
+        return (f"Logprob(logprob={float(self)!r}, rank={self.rank!r}, "
+                f"decoded_token={self.decoded_token!r})")
 
     __str__ = float.__repr__  # printed and formatted as the number it is
 

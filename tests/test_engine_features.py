@@ -258,6 +258,8 @@ def test_min_tokens_keeps_stops_from_being_sampled(llm):
     assert ranked.logprobs[n - 1][top_at_end[0]].rank == 1
     sampled = ranked.logprobs[n - 1][ranked.token_ids[n - 1]]
     assert sampled.rank > 1 and sampled.logprob == float(sampled)
+    tok = llm.get_tokenizer()
+    assert all(lp.decoded_token == tok.decode([t]) for t, lp in ranked.logprobs[n - 1].items())
     # the stop string occurs early, but only a later occurrence may end the output
     counting = SamplingParams(temperature=0, max_tokens=60, stop=[","], min_tokens=6)
     out = llm.generate(["1, 2, 3, 4,"], counting)[0].outputs[0]

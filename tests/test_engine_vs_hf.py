@@ -121,6 +121,7 @@ def test_prompt_logprobs_match_transformers(llm, hf_model):
         for p, entry in enumerate(scored[1:]):
             token, want = ids[p + 1], ref[p]
             assert entry[token].logprob == pytest.approx(float(want[token]), abs=2e-3)
+            assert entry[token].decoded_token == tok.decode([token])
             # its rank, up to tokens within a hair of it (fp32 sums in another order)
             v = float(want[token])
             assert int((want > v + 1e-3).sum()) + 1 <= entry[token].rank <= \

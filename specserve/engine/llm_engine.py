@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -15,6 +16,7 @@ import torch
 
 from specserve.config import EngineConfig
 from specserve.engine.block_manager import BlockManager
+from specserve.engine.detokenizer import decode
 from specserve.engine.model_runner import ModelRunner, kv_bytes_per_token
 from specserve.engine.output_processor import (
     check_stop,
@@ -110,6 +112,9 @@ class LLMEngine:
         self.model_name = loaded.name
         self.tokenizer = loaded.tokenizer
         set_chat_template(self.tokenizer, config.chat_template, loaded.name)
+        # A logprob entry's decoded_token: each token decoded alone, once.
+        self._token_text = functools.lru_cache(maxsize=1 << 16)(
+            lambda token: decode(self.tokenizer, [token]))
         self.dtype = config.torch_dtype
         self.device = torch.device(config.device)
         if self.device.type == "cpu":
@@ -423,7 +428,8 @@ class LLMEngine:
             self._append_and_check(req, tokens)
             num_new = req.num_output_tokens - num_before
             if req.params.logprobs is not None:  # only for the tokens a stop left standing
-                record_logprobs(req, logprob_logits[row:row + num_new], tokens[:num_new])
+                record_logprobs(req, logprob_logits[row:row + num_new], tokens[:num_new],
+                                self._token_text)
             row += k + 1
             outputs.append(make_output(req, self.tokenizer, num_new, itl))
         for req, _ in sched.scheduled:
@@ -460,7 +466,8 @@ class LLMEngine:
         for req, row, count in scoring:
             for start in range(row, row + count, PROMPT_LOGPROBS_ROWS):
                 end = min(start + PROMPT_LOGPROBS_ROWS, row + count)
-                record_prompt_logprobs(req, model.compute_logits(hidden[start:end, :h]).cpu())
+                record_prompt_logprobs(req, model.compute_logits(hidden[start:end, :h]).cpu(),
+                                       self._token_text)
 
     def _hand_over_hidden(self, scheduled, computed_before: list[int], query_start: list[int],
                           hidden: torch.Tensor) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from specserve.engine.detokenizer import (
@@ -13,17 +15,18 @@ from specserve.engine.request import Request, RequestStatus
 from specserve.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 
 
-def logprob_entries(logits: torch.Tensor, tokens: list[int], num_top: int | None
-                    ) -> list[dict[int, Logprob]]:
-    """Per row of logits [len(tokens), vocab]: {token: its Logprob} and the top num_top."""
+def logprob_entries(logits: torch.Tensor, tokens: list[int], num_top: int | None,
+                    text: Callable[[int], str]) -> list[dict[int, Logprob]]:
+    """Per row of logits [len(tokens), vocab]: {token: its Logprob} and the top num_top;
+    text(token) is each one's decoded_token."""
     if not tokens:
         return []
     logprobs = logits.float().log_softmax(dim=-1)
     chosen = logprobs.gather(1, torch.tensor(tokens, dtype=torch.long).unsqueeze(1))
     # vLLM's rank: how many tokens are at least as likely as this one.
     ranks = (logprobs >= chosen).sum(dim=1).tolist()
-    entries = [{t: Logprob(v, r)} for t, v, r in zip(tokens, chosen.squeeze(1).tolist(), ranks,
-                                                      strict=True)]
+    entries = [{t: Logprob(v, r, text(t))}
+               for t, v, r in zip(tokens, chosen.squeeze(1).tolist(), ranks, strict=True)]
     if num_top:
         top = logprobs.topk(num_top)
         for entry, token, ids, values in zip(entries, tokens, top.indices.tolist(),
@@ -31,24 +34,27 @@ def logprob_entries(logits: torch.Tensor, tokens: list[int], num_top: int | None
             # Under a grammar fewer tokens than asked for may be possible: no -inf entries.
             for rank, (t, v) in enumerate(zip(ids, values, strict=True), start=1):
                 if v != float("-inf") and t != token:
-                    entry[t] = Logprob(v, rank)
+                    entry[t] = Logprob(v, rank, text(t))
     return entries
 
 
-def record_logprobs(req: Request, logits: torch.Tensor, tokens: list[int]) -> None:
+def record_logprobs(req: Request, logits: torch.Tensor, tokens: list[int],
+                    text: Callable[[int], str]) -> None:
     """logits: [len(tokens), vocab], the rows that produced `tokens`."""
-    for entry, token in zip(logprob_entries(logits, tokens, req.params.logprobs), tokens,
+    for entry, token in zip(logprob_entries(logits, tokens, req.params.logprobs, text), tokens,
                             strict=True):
         req.logprobs.append(entry)
         req.cumulative_logprob += entry[token]
 
 
-def record_prompt_logprobs(req: Request, logits: torch.Tensor) -> None:
+def record_prompt_logprobs(req: Request, logits: torch.Tensor,
+                           text: Callable[[int], str]) -> None:
     """logits: the rows of the prompt positions after the last one scored, in order; each
     scores the prompt token that follows its position."""
     start = len(req.prompt_logprobs)
     tokens = req.prompt_token_ids[start:start + len(logits)]
-    req.prompt_logprobs.extend(logprob_entries(logits, tokens, req.params.prompt_logprobs))
+    req.prompt_logprobs.extend(logprob_entries(logits, tokens, req.params.prompt_logprobs,
+                                               text))
 
 
 def check_stop(req: Request, token: int, tokenizer, eos_token_ids: tuple[int, ...]
