@@ -183,6 +183,9 @@ class SamplingParams:
     def for_choice(self, j: int) -> SamplingParams:
         """Choice j of n, run as an engine request of its own (the engine runs one sequence per
         request; LLM.generate and the server fan n out): n = 1, and a seeded request gives
-        choice j the seed + j, so that the choices differ and each is reproducible."""
+        choice j the seed + j, so that the choices differ and each is reproducible. Only choice
+        0 scores the prompt (prompt_logprobs: the scores are the same for all, and a scoring
+        request may not read the prefix cache, so the others share choice 0's prefill)."""
         seed = None if self.seed is None else (self.seed + j) & (2**64 - 1)
-        return replace(self, n=1, seed=seed)
+        return replace(self, n=1, seed=seed,
+                       prompt_logprobs=self.prompt_logprobs if j == 0 else None)

@@ -298,8 +298,12 @@ def test_prompt_logprobs_survive_chunks_preemption_and_n(llm):
             assert got.keys() == want.keys()
             for t in got:
                 assert got[t].logprob == pytest.approx(want[t].logprob, abs=1e-4)
-    two = llm.generate(prompts[:1], replace(params, n=2, temperature=1.0, seed=3))[0]
-    assert len(two.outputs) == 2 and len(two.prompt_logprobs) == len(prompts[0])
+    # n > 1: choice 0 scores the prompt for all (the others share its prefill)
+    two = llm.generate(prompts[-1:], replace(params, n=2, temperature=1.0, seed=3))[0]
+    assert len(two.outputs) == 2
+    assert [e and {t: round(v.logprob, 3) for t, v in e.items()} for e in two.prompt_logprobs] \
+        == [e and {t: round(v.logprob, 3) for t, v in e.items()}
+            for e in reference[-1].prompt_logprobs]
 
 
 @pytest.mark.parametrize("kwargs, message", [

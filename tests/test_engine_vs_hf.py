@@ -106,13 +106,16 @@ def test_prompt_logprobs_match_transformers(llm, hf_model):
     long_ids = _long_prompt(tok)
     short_ids = tok(PROMPTS[0], add_special_tokens=False).input_ids
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=3)
-    llm.engine.block_manager.reset_prefix_cache()
+    bm = llm.engine.block_manager
+    bm.reset_prefix_cache()
+    queries = bm.num_prefix_queries
     first = llm.generate([long_ids, short_ids], params)
     again = llm.generate([long_ids], params)[0]
     assert again.metrics.num_cached_tokens == 0
+    assert bm.num_prefix_queries == queries  # not lookups: they would dilute the hit rate
     # A request without prompt logprobs still reads what the scoring requests cached.
     plain = llm.generate([long_ids], SamplingParams(temperature=0, max_tokens=2))[0]
-    assert plain.metrics.num_cached_tokens >= len(long_ids) - llm.engine.block_manager.block_size
+    assert plain.metrics.num_cached_tokens >= len(long_ids) - bm.block_size
     assert plain.prompt_logprobs is None
     for ids, out in [(long_ids, first[0]), (short_ids, first[1]), (long_ids, again)]:
         scored = out.prompt_logprobs

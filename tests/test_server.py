@@ -516,6 +516,7 @@ def _sse_chunks(server: LiveServer, path: str, body: dict) -> list[dict]:
 @pytest.mark.parametrize(("path", "body"), [
     ("/v1/completions", {"prompt": PROMPTS[0], "n": 2, "logprobs": 1}),
     ("/v1/completions", {"prompt": PROMPTS[0]}),  # the text-only chunk template
+    ("/v1/completions", {"prompt": PROMPTS[0], "n": 2, "echo": True, "logprobs": 1}),
     ("/v1/chat/completions", {"messages": CHAT}),
 ])
 def test_continuous_usage_stats(server: LiveServer, path: str, body: dict):
@@ -685,6 +686,32 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_offline(server: LiveServer
     assert head["logprobs"]["token_logprobs"][1:] == pytest.approx(want[1:], abs=1e-3)
     assert "".join(c["choices"][0]["text"] for c in chunks) == \
         PROMPTS[0] + offline_text(llm, PROMPTS[0], max_tokens=3, ignore_eos=True)[0]
+    # Several prompts, n = 2 (choice 0 alone scores each prompt): every choice echoes its
+    # prompt's scores, streamed or not.
+    ids2 = tok(PROMPTS[1], add_special_tokens=False).input_ids
+    want2 = [entry and entry[t].logprob for entry, t in zip(llm.generate(
+        [ids2], SamplingParams(max_tokens=1, prompt_logprobs=0))[0].prompt_logprobs, ids2,
+        strict=True)]
+    both = client.completions.create(model=MODEL, prompt=[ids, ids2], n=2, echo=True,
+                                      logprobs=0, max_tokens=2, temperature=0.7)
+    streamed = _sse_chunks(server, "/v1/completions", {
+        "prompt": [ids, ids2], "n": 2, "echo": True, "logprobs": 0, "max_tokens": 2,
+        "temperature": 0.7, "stream": True})
+    firsts = {}
+    for chunk in streamed:
+        for c in chunk["choices"]:
+            firsts.setdefault(c["index"], c)
+    for i, scored_prompt, w in ((0, ids, want), (1, ids, want), (2, ids2, want2),
+                                (3, ids2, want2)):
+        for got in (both.choices[i].logprobs.token_logprobs,
+                    firsts[i]["logprobs"]["token_logprobs"]):
+            assert got[0] is None
+            assert got[1:len(scored_prompt)] == pytest.approx(w[1:], abs=1e-3)
+    # A string prompt's special-token text is in the echoed text, so its offsets count it.
+    special = client.completions.create(model=MODEL, prompt="<|im_start|>user\nHi", echo=True,
+                                        logprobs=0, max_tokens=1)
+    assert special.choices[0].text.startswith("<|im_start|>user\nHi")
+    assert special.choices[0].logprobs.text_offset[:2] == [0, len("<|im_start|>")]
     # vLLM's prompt_logprobs field: by token id, with rank and text, on completions' choices
     # and on a chat response; a response that did not ask has no such key.
     body = httpx.post(f"{server.url}/v1/completions", timeout=60, json={

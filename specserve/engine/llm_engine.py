@@ -385,11 +385,11 @@ class LLMEngine:
                               [r.spec_probs for r in reqs])
         t_forward = time.perf_counter() - t1
         self.stats.forward_time += t_forward
-        if scoring:  # after the forward's timing: the cost model prices forwards, not this
-            self._score_prompts(hidden, scoring)
         num_tokens = sched.total_num_tokens  # a sum over the batch: once per step
         if any(num_spec):
             self.stats.verify_time += time.perf_counter() - t1
+        if scoring:  # after the forward's timing: the cost model prices forwards, not this
+            self._score_prompts(hidden, scoring)
         computed_before = [req.num_computed_tokens for req, _ in sched.scheduled]
         for req, n in sched.scheduled:
             req.num_computed_tokens += n
@@ -466,7 +466,8 @@ class LLMEngine:
         for req, row, count in scoring:
             for start in range(row, row + count, PROMPT_LOGPROBS_ROWS):
                 end = min(start + PROMPT_LOGPROBS_ROWS, row + count)
-                record_prompt_logprobs(req, model.compute_logits(hidden[start:end, :h]).cpu(),
+                # reduced where the logits are: only the top-k and ranks reach the host
+                record_prompt_logprobs(req, model.compute_logits(hidden[start:end, :h]),
                                        self._token_text)
 
     def _hand_over_hidden(self, scheduled, computed_before: list[int], query_start: list[int],

@@ -22,7 +22,7 @@ def logprob_entries(logits: torch.Tensor, tokens: list[int], num_top: int | None
     if not tokens:
         return []
     logprobs = logits.float().log_softmax(dim=-1)
-    chosen = logprobs.gather(1, torch.tensor(tokens, dtype=torch.long).unsqueeze(1))
+    chosen = logprobs.gather(1, torch.tensor(tokens, device=logits.device).unsqueeze(1))
     # vLLM's rank: how many tokens are at least as likely as this one.
     ranks = (logprobs >= chosen).sum(dim=1).tolist()
     entries = [{t: Logprob(v, r, text(t))}

@@ -139,7 +139,10 @@ class Scheduler:
                 if req.status == RequestStatus.WAITING:  # not a readmission after preemption
                     req.num_cached_tokens = num_cached
                     req.scheduled_time = time.perf_counter()
-                    bm.record_prefix_lookup(req.num_tokens, num_cached)
+                    if req.max_cached_prefix >= req.num_prompt_tokens - 1:
+                        # a request that may not read the cache (prompt logprobs) is not a
+                        # lookup, as in vLLM: it would lower the hit rate the metrics report
+                        bm.record_prefix_lookup(req.num_tokens, num_cached)
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
                 out.scheduled.append((req, num_new))

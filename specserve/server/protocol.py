@@ -317,9 +317,9 @@ class CompletionRequest(SamplingRequest):
     @property
     def num_prompt_logprobs(self) -> int | None:
         """Echoed with logprobs, the prompt's tokens get them too (as OpenAI's legacy API and
-        vLLM do: lm-eval scores a text this way)."""
-        if self.echo and self.logprobs is not None:
-            return max(self.logprobs, self.prompt_logprobs or 0)
+        vLLM do: lm-eval scores a text this way); the prompt_logprobs field wins, as in vLLM."""
+        if self.prompt_logprobs is None and self.echo:
+            return self.logprobs
         return self.prompt_logprobs
 
     def prompts(self) -> list[str | list[int]]:

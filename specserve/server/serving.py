@@ -134,12 +134,9 @@ class OpenAIServing:
         request_id = f"cmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, prompt_ids, params, req.n, req.stream)
         num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
-        # echo: each choice's text starts with its prompt, as given (token ids decoded).
-        echoed = ([p if isinstance(p, str) else decode(self._tokenizer, ids,
-                                                        req.skip_special_tokens)
-                   for p, ids in zip(prompts, prompt_ids, strict=True)] if req.echo else None)
+        echo = self._echo(req, prompts, prompt_ids) if req.echo else None
         if req.stream:
-            events = self._completion_events(request_id, req, stream, prompt_ids, echoed)
+            events = self._completion_events(request_id, req, stream, prompt_ids, echo)
             return EventStreamResponse(events, stream)
         outputs = await collect_outputs(stream, raw)
         if outputs is None:
@@ -149,21 +146,23 @@ class OpenAIServing:
             outputs = [_without_completion(out) for out in outputs]
         for i, out in enumerate(outputs):
             c = out.outputs[0]
+            # Choice 0 of each prompt scored it (SamplingParams.for_choice).
+            scores = outputs[i - i % req.n].prompt_logprobs
             text, logprobs = c.text, None
             if c.logprobs is not None:
                 logprobs = CompletionLogprobs()
                 offsets = TextOffsets()
-                if echoed is not None:
-                    self._completion_logprobs(out.prompt_token_ids, out.prompt_logprobs,
-                                              offsets, req.skip_special_tokens, logprobs)
+                if echo is not None:
+                    self._completion_logprobs(out.prompt_token_ids, scores, offsets,
+                                              echo.skip_special[i // req.n], logprobs)
                 self._completion_logprobs(c.token_ids, c.logprobs, offsets,
                                           req.skip_special_tokens, logprobs)
-            if echoed is not None:
-                text = echoed[i // req.n] + text
+            if echo is not None:
+                text = echo.texts[i // req.n] + text
             choices.append(CompletionChoice(
                 index=i, text=text, logprobs=logprobs, finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
-                prompt_logprobs=self._prompt_logprobs(out, req.prompt_logprobs)))
+                prompt_logprobs=self._prompt_logprobs(scores, req.prompt_logprobs)))
         body = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                   usage=_usage(num_prompt_tokens, outputs))
         return _json(body)
@@ -195,7 +194,8 @@ class OpenAIServing:
         body = ChatCompletionResponse(
             id=request_id, model=self.model_name, choices=choices,
             usage=_usage(len(prompt_ids), outputs),
-            prompt_logprobs=self._prompt_logprobs(outputs[0], req.prompt_logprobs))
+            prompt_logprobs=self._prompt_logprobs(outputs[0].prompt_logprobs,
+                                                  req.prompt_logprobs))
         return _json(body)
 
     # ---- validation and submission ------------------------------------------------------------
@@ -241,30 +241,46 @@ class OpenAIServing:
         return output_stream
 
     # ---- streaming ----------------------------------------------------------------------------
+    def _echo(self, req: CompletionRequest, prompts: list[str | list[int]],
+              prompt_ids: list[list[int]]) -> _Echo:
+        """Each prompt as echoed: a string as given, token ids decoded. A string's special
+        tokens stand in its text, so its offsets count them whatever skip_special_tokens says."""
+        return _Echo([p if isinstance(p, str) else decode(self._tokenizer, ids,
+                                                           req.skip_special_tokens)
+                      for p, ids in zip(prompts, prompt_ids, strict=True)],
+                     [req.skip_special_tokens and not isinstance(p, str) for p in prompts])
+
     async def _completion_events(self, request_id: str, req: CompletionRequest,
                                  stream: OutputStream, prompt_ids: list[list[int]],
-                                 echoed: list[str] | None) -> AsyncIterator[BaseModel | str]:
+                                 echo: _Echo | None) -> AsyncIterator[BaseModel | str]:
         created = int(time.time())
         num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
         deltas = DeltaTracker(len(stream.request_ids), req.stop)
-        to_echo = set(range(len(stream.request_ids))) if echoed is not None else set()
+        to_echo = set(range(len(stream.request_ids))) if echo is not None else set()
+        scores: dict[int, list | None] = {}  # per prompt, what its choice 0 scored
         final: list[RequestOutput | None] = [None] * len(stream.request_ids)
         text_chunk = TextChunk(lambda i, text: CompletionResponse(
             id=request_id, created=created, model=self.model_name,
             choices=[CompletionChoice(index=i, text=text)]))
         continuous_usage, num_tokens = req.continuous_usage, None
-        async for i, out in stream:
+        outputs = (stream if echo is None or req.logprobs is None
+                   else _choice_zero_first(stream, req.n, scores))
+        async for i, out in outputs:
             if req.echo_only:
                 out = _without_completion(out)
             c = out.outputs[0]
-            if i in to_echo:  # the prompt first, in a chunk of its own (as vLLM streams it)
-                to_echo.discard(i)
+            if continuous_usage:
+                num_tokens = (num_prompt_tokens, sum(deltas.sent_tokens))
+            if i in to_echo:  # the prompt first, in a chunk of its own (vLLM sends it with
+                to_echo.discard(i)  # the first token's text)
+                p = i // req.n
                 logprobs = None if c.logprobs is None else self._completion_logprobs(
-                    out.prompt_token_ids, out.prompt_logprobs, deltas.text_offsets[i],
-                    req.skip_special_tokens)
+                    out.prompt_token_ids, scores[p], deltas.text_offsets[i],
+                    echo.skip_special[p])
                 yield CompletionResponse(id=request_id, created=created, model=self.model_name,
-                                         choices=[CompletionChoice(index=i, text=echoed[i // req.n],
-                                                                   logprobs=logprobs)])
+                                         choices=[CompletionChoice(index=i, text=echo.texts[p],
+                                                                   logprobs=logprobs)],
+                                         usage=_usage_info(num_tokens))
             text = deltas.text(i, c.text, out.finished)
             token_ids, token_logprobs = deltas.tokens(i, c)
             if continuous_usage:
@@ -353,14 +369,15 @@ class OpenAIServing:
             result.text_offset.append(offsets.add(b"" if skipped else self._token_bytes(token)))
         return result
 
-    def _prompt_logprobs(self, out: RequestOutput, asked: int | None) -> PromptLogprobs | None:
+    @staticmethod
+    def _prompt_logprobs(scores: list | None, asked: int | None) -> PromptLogprobs | None:
         """vLLM's prompt_logprobs of a response, when the request asked for them."""
-        if asked is None or out.prompt_logprobs is None:
+        if asked is None or scores is None:
             return None
         return [None if entry is None else
-                {t: PromptLogprob(logprob=lp, rank=lp.rank, decoded_token=self._token_text(t))
+                {t: PromptLogprob(logprob=lp, rank=lp.rank, decoded_token=lp.decoded_token)
                  for t, lp in entry.items()}
-                for entry in out.prompt_logprobs]
+                for entry in scores]
 
     def _chat_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[dict[int, float]],
                        num_top: int) -> ChatChoiceLogprobs:
@@ -394,6 +411,31 @@ def _render_chat(tokenizer, req: ChatCompletionRequest) -> list[int]:
                        add_generation_prompt=req.add_generation_prompt,
                        continue_final_message=req.continue_final_message,
                        documents=req.documents, template_kwargs=req.chat_template_kwargs)
+
+
+@dataclasses.dataclass(slots=True)
+class _Echo:
+    texts: list[str]  # per prompt, the text echoed
+    skip_special: list[bool]  # per prompt, whether its special tokens are left out of the text
+
+
+async def _choice_zero_first(stream: OutputStream, n: int, scores: dict[int, list | None]
+                             ) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The stream's outputs, each prompt's other choices held back until its choice 0 (which
+    alone scores the prompt) has delivered, so that every echo can carry the scores; each
+    prompt's scores are recorded in `scores`."""
+    held: dict[int, list[tuple[int, RequestOutput]]] = {}
+    async for i, out in stream:
+        p = i // n
+        if i % n == 0:
+            scores[p] = out.prompt_logprobs
+            yield i, out
+            for item in held.pop(p, ()):
+                yield item
+        elif p in scores:
+            yield i, out
+        else:
+            held.setdefault(p, []).append((i, out))
 
 
 def _without_completion(out: RequestOutput) -> RequestOutput:
