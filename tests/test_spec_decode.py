@@ -37,20 +37,27 @@ def _mixed_batch(llm):
         else:
             text = f'Copy this record {i} times: {{"id": {i}, "name": "item{i}", "ok": true}}\n'
         prompts.append(tok(text, add_special_tokens=False).input_ids)
+        # every eighth also scores its prompt: prefill rows beside verification rows
         params.append(SamplingParams(temperature=0, max_tokens=10 + 2 * (i % 9),
-                                     ignore_eos=True))
+                                     ignore_eos=True, prompt_logprobs=1 if i % 8 == 3 else None))
     return prompts, params
 
 
 def test_greedy_speculation_is_token_identical(llm, spec_llm):
     prompts, params = _mixed_batch(llm)
-    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    reference = llm.generate(prompts, params)
+    expected = [o.outputs[0].token_ids for o in reference]
     # Alone (batch 1) ...
     for i in (1, 4):
         assert spec_llm.generate([prompts[i]], params[i])[0].outputs[0].token_ids == expected[i]
     # ... and inside one batch of 32 mixed requests.
     outs = spec_llm.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in outs] == expected
+    for out, ref in zip(outs, reference, strict=True):
+        assert (out.prompt_logprobs is None) == (ref.prompt_logprobs is None)
+        for got, want in zip(out.prompt_logprobs or (), ref.prompt_logprobs or (), strict=True):
+            assert (got is None and want is None) or got.keys() == want.keys() and all(
+                abs(got[t] - want[t]) < 1e-4 for t in got)
     stats = spec_llm.get_stats()
     assert stats["num_draft_tokens"] > 0
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
