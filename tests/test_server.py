@@ -732,6 +732,25 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_offline(server: LiveServer
     assert "prompt_logprobs" not in plain["choices"][0]
 
 
+# ---- vLLM's /tokenize and /detokenize ---------------------------------------------------------
+def test_tokenize_and_detokenize_count_as_the_endpoints_do(server: LiveServer, client, llm):
+    """A prompt's ids are the offline tokenizer's (what a completion's usage counts), a
+    conversation's are what a chat completion's usage counts; detokenize inverts them."""
+    tok = llm.get_tokenizer()
+    text = "The capital of France is Paris. 中文"
+    body = httpx.post(f"{server.url}/tokenize", timeout=60, json={
+        "model": MODEL, "prompt": text, "return_token_strs": True}).json()
+    assert body["tokens"] == tok(text).input_ids and body["count"] == len(body["tokens"])
+    assert body["token_strs"] == tok.convert_ids_to_tokens(body["tokens"])
+    assert body["max_model_len"] == client.models.list().data[0].max_model_len
+    reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1)
+    chat = httpx.post(f"{server.url}/tokenize", timeout=60, json={"messages": CHAT}).json()
+    assert chat["count"] == reply.usage.prompt_tokens and chat["token_strs"] is None
+    back = httpx.post(f"{server.url}/detokenize", timeout=60,
+                      json={"model": MODEL, "tokens": body["tokens"]}).json()
+    assert back == {"prompt": text}
+
+
 # ---- shutdown (last: it stops this module's server) ------------------------------------------
 def test_sigterm_to_any_thread_stops_an_idle_server(server: LiveServer):
     """Python runs signal handlers only in the main thread, the engine loop's in `specserve

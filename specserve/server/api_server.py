@@ -28,7 +28,16 @@ from specserve.engine.llm_engine import LLMEngine
 from specserve.server.async_engine import AsyncEngine
 from specserve.server.errors import APIError, error_response, install_error_handlers
 from specserve.server.metrics import CONTENT_TYPE, ServerMetrics
-from specserve.server.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from specserve.server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 from specserve.server.serving import OpenAIServing
 
 logger = logging.getLogger("specserve.server")
@@ -93,6 +102,17 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 @router.post("/v1/chat/completions", dependencies=_json_body)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     return await _state(request).serving.chat(body, request)
+
+
+@router.post("/tokenize", dependencies=_json_body)
+async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+    """vLLM's: a prompt's or a conversation's token ids, as the endpoints above count them."""
+    return await _state(request).serving.tokenize(body)
+
+
+@router.post("/detokenize", dependencies=_json_body)
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+    return await _state(request).serving.detokenize(body)
 
 
 class ApiKeyMiddleware:

@@ -539,3 +539,42 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+# ---- vLLM's /tokenize and /detokenize -----------------------------------------------------------
+class TokenizeRequest(OpenAIModel):
+    """A prompt, or chat messages rendered with the model's chat template, as the endpoints
+    would tokenize them (vLLM's two request shapes in one: exactly one of prompt, messages)."""
+
+    model: StrictStr | None = None
+    prompt: StrictStr | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1)] | None = None
+    # None: a prompt gets the tokenizer's special tokens, rendered chat none (its template
+    # writes its own), as the completion endpoints encode them.
+    add_special_tokens: StrictBool | None = None
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: StrictBool = False
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt and messages")
+        return self
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeRequest(OpenAIModel):
+    model: StrictStr | None = None
+    tokens: Annotated[list[TokenId], Field(max_length=1 << 20)]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str

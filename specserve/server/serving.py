@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from specserve.engine.detokenizer import decode, token_bytes
-from specserve.engine.prompts import encode_chat, encode_prompt
+from specserve.engine.prompts import encode_chat, encode_prompt, render_chat
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
 from specserve.server.async_engine import (
@@ -49,8 +49,12 @@ from specserve.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
+    DetokenizeRequest,
+    DetokenizeResponse,
     PromptLogprob,
     PromptLogprobs,
+    TokenizeRequest,
+    TokenizeResponse,
     TokenLogprob,
     TopLogprob,
     UsageInfo,
@@ -197,6 +201,35 @@ class OpenAIServing:
             prompt_logprobs=self._prompt_logprobs(outputs[0].prompt_logprobs,
                                                   req.prompt_logprobs))
         return _json(body)
+
+    # ---- vLLM's tokenizer endpoints ------------------------------------------------------------
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        """The ids the completion endpoints would give the prompt, or the chat endpoint the
+        messages (with the same options)."""
+        self.check_model(req.model)
+        with _refused_as_400():
+            if req.prompt is not None:
+                ids = await self._tokenize(lambda tok: encode_prompt(
+                    tok, req.prompt, req.add_special_tokens is not False), len(req.prompt))
+            else:
+                messages = [m.to_template_dict() for m in req.messages]
+                ids = await self._tokenize(lambda tok: encode_prompt(tok, render_chat(
+                    tok, messages, add_generation_prompt=req.add_generation_prompt,
+                    continue_final_message=req.continue_final_message,
+                    template_kwargs=req.chat_template_kwargs), bool(req.add_special_tokens)),
+                    sum(len(str(m.content)) for m in req.messages))
+        strs = self._tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+        return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len, tokens=ids,
+                                token_strs=strs)
+
+    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        self.check_model(req.model)
+        vocab = self.engine.engine.model_config.vocab_size
+        if out_of_range := [t for t in req.tokens if t >= vocab]:
+            raise APIError(400, f"token id {out_of_range[0]} is out of range: the vocabulary "
+                                f"has {vocab} ids", param="tokens")
+        text = await self._tokenize(lambda tok: decode(tok, req.tokens), len(req.tokens))
+        return DetokenizeResponse(prompt=text)
 
     # ---- validation and submission ------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
