@@ -84,6 +84,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=None, help="default 0 (greedy)")
     p.add_argument("--top-p", type=float, default=None, help="default 1")
     p.add_argument("--top-k", type=int, default=None, help="default 0 (off)")
+    p.add_argument("--min-p", type=float, default=None, help="default 0 (off)")
     p.add_argument("--sample-seed", type=int, default=None)
     p.add_argument("--repetition-penalty", type=float, default=None, help="default 1")
     p.add_argument("--structured-outputs", type=json.loads, default=None,
@@ -94,7 +95,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 # The CLI's own defaults where neither a flag nor the model's generation_config.json sets a
 # value: greedy, so that a command gives the same answer every time.
-CLI_SAMPLING = {"max_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0,
+CLI_SAMPLING = {"max_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0,
                 "repetition_penalty": 1.0}
 
 

@@ -72,6 +72,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: disabled
+    min_p: float = 0.0  # drop tokens less likely than min_p x the likeliest (0: disabled)
     seed: int | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
@@ -127,6 +128,8 @@ class SamplingParams:
             bad(f"temperature must be >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:  # NaN fails too
             bad(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
+            bad(f"min_p must be in [0, 1], got {self.min_p!r}")
         if not _is_int(self.top_k) or self.top_k < 0:
             bad(f"top_k must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
         if self.max_tokens is not None and (not _is_int(self.max_tokens)

@@ -157,13 +157,13 @@ def test_generation_config_sets_the_default_sampling(tmp_path):
 
     path = make_tiny_model(tmp_path / "m", seed=5)
     cfg = json.loads((path / "generation_config.json").read_text())
-    cfg |= {"temperature": 0.0, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.0,
-            "max_new_tokens": 5}
+    cfg |= {"temperature": 0.0, "top_p": 0.9, "top_k": 50, "min_p": 0.05,
+            "repetition_penalty": 1.0, "max_new_tokens": 5}
     (path / "generation_config.json").write_text(json.dumps(cfg))
     llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
     defaults = llm.get_default_sampling_params()
-    assert (defaults.temperature, defaults.top_p, defaults.top_k, defaults.repetition_penalty,
-            defaults.max_tokens) == (0.0, 0.9, 50, 1.0, 5)
+    assert (defaults.temperature, defaults.top_p, defaults.top_k, defaults.min_p,
+            defaults.repetition_penalty, defaults.max_tokens) == (0.0, 0.9, 50, 0.05, 1.0, 5)
     prompt = [[5, 9, 13, 2, 40]]
     greedy = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=24,
                                                  ignore_eos=True))[0].outputs[0].token_ids

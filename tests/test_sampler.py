@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from specserve.sample.sampler import apply_top_k_top_p, sample
+from specserve.sample.sampler import apply_top_k_top_p, compute_probs, sample
 from specserve.sampling_params import SamplingParams
 
 NEG_INF = float("-inf")
@@ -213,6 +213,46 @@ def test_sample_frequencies_with_top_k_and_top_p():
     assert chi_square(counts[support], target[support]) < CHI2_CRIT_DF2
 
 
+def test_min_p_drops_tokens_below_its_share_of_the_likeliest():
+    torch.manual_seed(3)
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -0.5, -1.5])
+    # min_p 0.2 at T = 1: kept where exp(x - 2) >= 0.2, i.e. x >= 2 + ln 0.2 = 0.39
+    n = 30_000
+    batch = logits.unsqueeze(0).expand(n, -1).contiguous()
+    tokens = sample(batch, torch.ones(n), None, None, [None] * n, min_p=torch.full((n,), 0.2))
+    counts = torch.bincount(tokens, minlength=6)
+    assert counts[3:].sum() == 0
+    support = [0, 1, 2]
+    assert chi_square(counts[support], logits[support].softmax(-1)) < CHI2_CRIT_DF2
+    # Negative control: without min_p the same seed reaches the tail.
+    tokens = sample(batch, torch.ones(n), None, None, [None] * n)
+    assert torch.bincount(tokens, minlength=6)[3:].sum() > 0.1 * n
+
+
+def test_min_p_comes_after_temperature_and_before_top_k_and_top_p():
+    """vLLM's order, against a float64 reference per row: min-p on the tempered distribution,
+    then top-k, then top-p over what is left; rows with min_p 0 are untouched by it."""
+    torch.manual_seed(4)
+    logits = torch.randn(6, 50) * 3
+    temperature = torch.tensor([0.5, 1.0, 1.5, 1.0, 0.7, 2.0])
+    min_p = torch.tensor([0.0, 0.05, 0.3, 1.0, 0.1, 0.02])
+    top_k = torch.tensor([0, 0, 5, 0, 20, 10])
+    top_p = torch.tensor([0.9, 1.0, 0.8, 1.0, 0.5, 0.95])
+    got = compute_probs(logits, temperature, top_k, top_p, min_p)
+    for row in range(6):
+        p = (logits[row].double() / float(temperature[row])).softmax(-1)
+        p = torch.where(p >= float(min_p[row]) * p.max(), p, 0.0)
+        if top_k[row]:
+            p = torch.where(p >= p.topk(int(top_k[row])).values[-1], p, 0.0)
+        p = p / p.sum()
+        if top_p[row] < 1:
+            sorted_p, order = p.sort(descending=True)
+            keep = (sorted_p.cumsum(-1) - sorted_p) < float(top_p[row])
+            p = torch.zeros_like(p).scatter(0, order, torch.where(keep, sorted_p, 0.0))
+        assert got[row].double() == pytest.approx((p / p.sum()).tolist(), abs=1e-6)
+    assert (got[3] > 0).sum() == 1  # min_p 1: the likeliest alone
+
+
 def test_temperature_sharpens_and_flattens():
     torch.manual_seed(2)
     logits = torch.tensor([1.0, 0.0, -1.0])
@@ -232,6 +272,9 @@ def test_temperature_sharpens_and_flattens():
     ({"top_p": float("nan")}, "top_p"),
     ({"top_k": -2}, "top_k"),
     ({"top_k": 1.5}, "top_k"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"min_p": -0.1}, "min_p"),
+    ({"min_p": "0.1"}, "min_p"),
     ({"max_tokens": 0}, "max_tokens"),
     ({"max_tokens": -3}, "max_tokens"),
     ({"max_tokens": 2.5}, "max_tokens"),

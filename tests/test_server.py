@@ -277,6 +277,20 @@ def test_n_seed_and_logprobs(client: openai.OpenAI):
                for t in content)
 
 
+def test_min_p_one_samples_the_greedy_text(client: openai.OpenAI, llm):
+    """vLLM's min_p field: at 1 only the likeliest token may be drawn, so a hot temperature
+    still gives the greedy text."""
+    want = offline_text(llm, PROMPTS[0], max_tokens=12, ignore_eos=True)[0]
+    for _ in range(2):
+        got = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12,
+                                        temperature=1.8, extra_body={"min_p": 1.0,
+                                                                     "ignore_eos": True})
+        assert got.choices[0].text == want
+    hot = {client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=12,
+                                     temperature=1.8, seed=s).choices[0].text for s in range(3)}
+    assert hot != {want}  # without it, that temperature strays
+
+
 def test_penalties_and_logit_bias(client: openai.OpenAI, llm):
     kw = dict(max_tokens=12, presence_penalty=0.5, frequency_penalty=0.5,
               extra_body={"repetition_penalty": 1.2, "ignore_eos": True})
@@ -563,7 +577,6 @@ def test_text_chunk_with_usage_equals_the_pydantic_model():
 
 @pytest.mark.parametrize(("path", "extra", "name"), [
     ("/v1/completions", {"speculation": {"speculation_policy": "static"}}, "speculation_policy"),
-    ("/v1/completions", {"min_p": 0.1}, "min_p"),
     ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
     ("/v1/completions", {"truncate_prompt_tokens": 3}, "truncate_prompt_tokens"),

@@ -333,12 +333,15 @@ def _chi2(counts: dict, probs: dict, n: int) -> tuple[float, int]:
 
 
 def _next_token_probs(model, prefixes: torch.Tensor, temperature: float, top_k: int = 0,
-                      top_p: float = 1.0) -> torch.Tensor:
-    """The sampling distribution after temperature, top-k and top-p (the smallest set of the
-    likeliest tokens whose mass reaches top_p), renormalised."""
+                      top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
+    """The sampling distribution after temperature, min-p, top-k and top-p (the smallest set of
+    the likeliest tokens whose mass reaches top_p), renormalised."""
     with torch.inference_mode():
         logits = model(prefixes).logits[:, -1].double()
     probs = (logits / temperature).softmax(-1)
+    if min_p:
+        probs = torch.where(probs >= min_p * probs.amax(-1, keepdim=True), probs, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
     if top_k:
         kth = probs.topk(top_k, -1).values[:, -1:]
         probs = torch.where(probs >= kth, probs, 0.0)
@@ -414,14 +417,17 @@ def test_an_explicit_draft_pool_is_paid_once_from_the_budget(tmp_path):
     assert proposer.block_manager.num_blocks == pool // (bs * proposer.kv_bytes_per_token)
 
 
-@pytest.mark.parametrize(("temperature", "top_k", "top_p", "greedy_every"), [
-    (0.8, 0, 1.0, 0),
+@pytest.mark.parametrize(("temperature", "top_k", "top_p", "min_p", "greedy_every"), [
+    (0.8, 0, 1.0, 0.0, 0),
     # Filtered: verification must use the same top-k / top-p target as plain sampling; and
     # every 7th request greedy, so the draft's probability rows of a mixed batch must line up
     # with the right requests.
-    (1.0, 12, 0.9, 7)])
+    (1.0, 12, 0.9, 0.0, 7),
+    # min-p alone (here top-k and top-p would already drop what it drops): at 0.2 it removes
+    # ~20% of the tempered mass, 27-40 of the 64 tokens.
+    (0.8, 0, 1.0, 0.2, 5)])
 def test_random_speculative_sampling_matches_the_target(tmp_path, temperature, top_k, top_p,
-                                                        greedy_every):
+                                                        min_p, greedy_every):
     from transformers import AutoModelForCausalLM
 
     target_dir = make_tiny_model(tmp_path / "target", seed=11, logit_scale=2.0)
@@ -430,11 +436,11 @@ def test_random_speculative_sampling_matches_the_target(tmp_path, temperature, t
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
     # Exact target probabilities of the first three tokens: p(t1), p(t2|t1), p(t3|t1,t2).
-    p1 = _next_token_probs(target, torch.tensor([prompt]), temperature, top_k, top_p)[0]
+    p1 = _next_token_probs(target, torch.tensor([prompt]), temperature, top_k, top_p, min_p)[0]
     pre2 = torch.tensor([prompt + [a] for a in range(VOCAB)])
-    p2 = _next_token_probs(target, pre2, temperature, top_k, top_p)  # [t1, t2]
+    p2 = _next_token_probs(target, pre2, temperature, top_k, top_p, min_p)  # [t1, t2]
     pre3 = torch.tensor([prompt + [a, b] for a in range(VOCAB) for b in range(VOCAB)])
-    p3 = _next_token_probs(target, pre3, temperature, top_k, top_p).view(VOCAB, VOCAB, VOCAB)
+    p3 = _next_token_probs(target, pre3, temperature, top_k, top_p, min_p).view(VOCAB, VOCAB, VOCAB)
     # The draft must really differ from the target, or the test proves nothing.
     q2 = _next_token_probs(draft, pre2, temperature)
     tv = 0.5 * (p2 - q2).abs().sum(-1)
@@ -444,7 +450,8 @@ def test_random_speculative_sampling_matches_the_target(tmp_path, temperature, t
               speculation_policy="static",
               speculative_config={"method": "draft", "model": str(draft_dir),
                                   "num_speculative_tokens": 2, "kv_cache_memory": 64 << 20})
-    sampled = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=4,
+    sampled = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                             max_tokens=4,
                              ignore_eos=True)
     greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     is_greedy = [bool(greedy_every) and i % greedy_every == 0 for i in range(n)]

@@ -17,7 +17,7 @@ from pathlib import Path
 logger = logging.getLogger("specserve")
 
 # generation_config.json key -> SamplingParams field
-_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
          "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 # vLLM's value for "ignore the model's file".
 ENGINE_DEFAULTS = "vllm"
@@ -40,9 +40,6 @@ def read_sampling_defaults(folder: str | Path) -> dict[str, float | int]:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{path}: {key} must be a number, got {value!r}")
         found[name] = int(value) if name in ("top_k", "max_tokens") else float(value)
-    if data.get("min_p"):
-        logger.warning("%s sets min_p %s, which specserve does not implement: ignored", path,
-                       data["min_p"])
     return found
 
 

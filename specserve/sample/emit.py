@@ -56,11 +56,14 @@ def emit_tokens(
         return _verify_greedy(argmax(logits).tolist(), num_spec, spec_token_ids)
     has_top_k = any(p.top_k for p in params)
     has_top_p = any(p.top_p < 1 for p in params)
+    has_min_p = any(p.min_p > 0 for p in params)
     if not any(num_spec):
         temperature = torch.tensor([p.temperature for p in params])
         top_k = torch.tensor([p.top_k for p in params]) if has_top_k else None
         top_p = torch.tensor([p.top_p for p in params]) if has_top_p else None
-        return [[t] for t in sample(logits, temperature, top_k, top_p, generators).tolist()]
+        min_p = torch.tensor([p.min_p for p in params]) if has_min_p else None
+        return [[t] for t in sample(logits, temperature, top_k, top_p, generators,
+                                    min_p).tolist()]
     rows = [k + 1 for k in num_spec]
     is_greedy = torch.tensor([p.is_greedy for p in params])
     temperature = _per_row([1.0 if p.is_greedy else p.temperature for p in params], rows)
@@ -69,7 +72,8 @@ def emit_tokens(
     target_probs = compute_probs(
         logits, temperature,
         _per_row([0 if p.is_greedy else p.top_k for p in params], rows) if has_top_k else None,
-        _per_row([1.0 if p.is_greedy else p.top_p for p in params], rows) if has_top_p else None)
+        _per_row([1.0 if p.is_greedy else p.top_p for p in params], rows) if has_top_p else None,
+        _per_row([0.0 if p.is_greedy else p.min_p for p in params], rows) if has_min_p else None)
     draft_probs = None
     needs_probs = [k and not p.is_greedy for k, p in zip(num_spec, params, strict=True)]
     if any(needs_probs) and any(sp is not None for sp in spec_probs):

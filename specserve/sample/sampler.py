@@ -1,4 +1,5 @@
-"""Token sampling as pure tensor functions: greedy, temperature, top-k, top-p, per-request seeds.
+"""Token sampling as pure tensor functions: greedy, temperature, min-p, top-k, top-p, per-request
+seeds.
 
 Random sampling uses the exponential-race trick, argmax(probs / Exp(1)) (as gpt-fast and vLLM do):
 it needs no host sync and no cumulative sums. A seeded request draws its noise from its own
@@ -45,17 +46,30 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
     return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
 
 
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """min_p: [n] in [0, 1]. A token less likely than min_p times the row's likeliest is set to
+    -inf (min_p 0 drops nothing; the likeliest always stays)."""
+    probs = logits.softmax(dim=-1)
+    floor = min_p.unsqueeze(1) * probs.amax(dim=-1, keepdim=True)
+    return logits.masked_fill(probs < floor, float("-inf"))
+
+
 def compute_probs(logits: torch.Tensor, temperature: torch.Tensor,
-                  top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+                  top_k: torch.Tensor | None, top_p: torch.Tensor | None,
+                  min_p: torch.Tensor | None = None) -> torch.Tensor:
     """The target distribution a random request samples from: [n, vocab] fp32 probabilities.
-    temperature: [n] (> 0). The same function feeds the rejection sampler, so speculative and
-    plain sampling agree on what "the target's distribution" is."""
+    temperature: [n] (> 0). min-p applies to the tempered distribution, then top-k, then top-p,
+    in vLLM's order. The same function feeds the rejection sampler, so speculative and plain
+    sampling agree on what "the target's distribution" is."""
     logits = logits / temperature.unsqueeze(1)
+    if min_p is not None:
+        logits = apply_min_p(logits, min_p)
     return apply_top_k_top_p(logits, top_k, top_p).softmax(dim=-1)
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
-           top_p: torch.Tensor | None, generators: list[torch.Generator | None]) -> torch.Tensor:
+           top_p: torch.Tensor | None, generators: list[torch.Generator | None],
+           min_p: torch.Tensor | None = None) -> torch.Tensor:
     """logits: [n, vocab] fp32 -> [n] sampled token ids. Rows with temperature 0 are greedy;
     only the random rows pay for the softmax, the filters and the noise."""
     tokens = argmax(logits)
@@ -65,6 +79,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor 
     rows = is_random.nonzero().squeeze(1)
     probs = compute_probs(logits[rows], temperature[rows],
                           None if top_k is None else top_k[rows],
-                          None if top_p is None else top_p[rows])
+                          None if top_p is None else top_p[rows],
+                          None if min_p is None else min_p[rows])
     gens = [generators[i] for i in rows.tolist()]
     return tokens.index_copy_(0, rows, sample_from_probs(probs, gens))

@@ -2,7 +2,7 @@
 
 Scalars are strict: `"max_tokens": "5"` or `"stream": 1` is a 400, not silently coerced. Unknown
 fields are ignored, as OpenAI's API and vLLM do, but known features we do not implement (suffix,
-tools, min_p, ...) are refused rather than silently ignored, and so is an unknown key in
+tools, beam search, ...) are refused rather than silently ignored, and so is an unknown key in
 our own objects (`speculation`, `structured_outputs`). Structured outputs come as OpenAI's
 `response_format` or vLLM's `structured_outputs` body field.
 """
@@ -132,7 +132,7 @@ class StructuredOutputsOptions(OpenAIModel):
 # vLLM's sampling extras that change the output and that we do not implement, with the values
 # that leave them off.
 _UNSUPPORTED_SAMPLING = {
-    "min_p": (None, 0), "use_beam_search": (None, False), "allowed_token_ids": (None, []),
+    "use_beam_search": (None, False), "allowed_token_ids": (None, []),
     "bad_words": (None, []), "logits_processors": (None, []),
     "truncate_prompt_tokens": (None,), "return_tokens_as_token_ids": (None, False),
     "guided_whitespace_pattern": (None,),
@@ -163,6 +163,7 @@ class SamplingRequest(OpenAIModel):
                           Field(max_length=MAX_LISTED_TOKENS)] | None = None
     # Extensions (vLLM's names where vLLM has them).
     top_k: Annotated[StrictInt, Field(ge=-1, le=_INT32_MAX)] | None = None
+    min_p: Annotated[StrictFloat, Field(ge=0, le=1)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
     ignore_eos: StrictBool = False
     repetition_penalty: Annotated[StrictFloat, Field(gt=0, le=_FLOAT32_MAX)] | None = None
@@ -269,7 +270,8 @@ class SamplingRequest(OpenAIModel):
             n=1,  # the server fans out n engine requests
             temperature=given(self.temperature, defaults.temperature),
             top_p=given(self.top_p, defaults.top_p),
-            top_k=given(self.top_k, defaults.top_k), seed=self.seed, max_tokens=max_tokens,
+            top_k=given(self.top_k, defaults.top_k), min_p=given(self.min_p, defaults.min_p),
+            seed=self.seed, max_tokens=max_tokens,
             min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=logprobs,
             prompt_logprobs=self.num_prompt_logprobs,

@@ -49,7 +49,9 @@ def draft_tokens(logits: torch.Tensor, params: list, generators: list,
         top_k = torch.tensor([p.top_k for p in params]) if any(p.top_k for p in params) else None
         top_p = (torch.tensor([p.top_p for p in params])
                  if any(p.top_p < 1 for p in params) else None)
-        probs = compute_probs(logits, temp, top_k, top_p)
+        min_p = (torch.tensor([p.min_p for p in params])
+                 if any(p.min_p > 0 for p in params) else None)
+        probs = compute_probs(logits, temp, top_k, top_p, min_p)
         sampled = sample_from_probs(probs, generators)
         tokens = torch.where(torch.tensor([p.is_greedy for p in params]), tokens, sampled)
         if head_ids is not None:
