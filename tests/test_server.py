@@ -601,7 +601,7 @@ def test_refuses_what_it_would_otherwise_ignore(server: LiveServer, path: str, e
 def test_accepts_the_values_that_leave_unsupported_fields_off(client: openai.OpenAI):
     resp = client.chat.completions.create(
         model=MODEL, messages=CHAT, max_tokens=1, modalities=["text"],
-        extra_body={"min_p": 0, "use_beam_search": False, "function_call": "auto",
+        extra_body={"bad_words": [], "use_beam_search": False, "function_call": "auto",
                     "speculation": {"policy": "off"}})
     assert resp.usage.completion_tokens == 1
 

@@ -90,6 +90,9 @@ BAD_REQUESTS = [
     pytest.param("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]},
                  JSON, 400, id="tokenize-prompt-and-messages"),
     pytest.param("/tokenize", {}, JSON, 400, id="tokenize-nothing"),
+    pytest.param("/tokenize", {"messages": [{"role": "user", "content": "b"}],
+                               "tools": [{"type": "function"}]}, JSON, 400,
+                 id="tokenize-tools-unsupported"),
     pytest.param("/tokenize", {"model": "nope", "prompt": "a"}, JSON, 404,
                  id="tokenize-unknown-model"),
     pytest.param("/detokenize", {"tokens": [10**9]}, JSON, 400, id="detokenize-out-of-vocab"),
@@ -233,6 +236,10 @@ def test_api_key_enforced(server: LiveServer):
     assert httpx.get(f"{server.url}/v1/models", headers=AUTH).json()["data"][0]["id"] == NAME
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
+    # The tokenizer endpoints are API too.
+    for path, body in (("/tokenize", {"prompt": "Hi"}), ("/detokenize", {"tokens": [5]})):
+        assert_openai_error(httpx.post(f"{server.url}{path}", json=body), 401)
+        assert httpx.post(f"{server.url}{path}", json=body, headers=AUTH).status_code == 200
     # Probes and scrapers need no key.
     assert httpx.get(f"{server.url}/health").status_code == 200
     assert httpx.get(f"{server.url}/metrics").status_code == 200

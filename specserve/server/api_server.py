@@ -104,27 +104,30 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     return await _state(request).serving.chat(body, request)
 
 
-@router.post("/tokenize", dependencies=_json_body)
-async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+@router.post("/tokenize", dependencies=_json_body, response_model=TokenizeResponse)
+async def tokenize(body: TokenizeRequest, request: Request) -> Response:
     """vLLM's: a prompt's or a conversation's token ids, as the endpoints above count them."""
     return await _state(request).serving.tokenize(body)
 
 
-@router.post("/detokenize", dependencies=_json_body)
-async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+@router.post("/detokenize", dependencies=_json_body, response_model=DetokenizeResponse)
+async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
     return await _state(request).serving.detokenize(body)
 
 
 class ApiKeyMiddleware:
-    """Bearer-token check on /v1 routes, before the body is even read (so a bad key is a 401
-    whatever else is wrong). /health, /stats and /metrics stay open for probes and scrapers."""
+    """Bearer-token check on /v1 routes and the tokenizer endpoints, before the body is even
+    read (so a bad key is a 401 whatever else is wrong). /health, /stats and /metrics stay open
+    for probes and scrapers."""
+
+    _PROTECTED = ("/v1", "/tokenize", "/detokenize")
 
     def __init__(self, app: ASGIApp, api_key: str):
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1") \
+        if scope["type"] == "http" and scope["path"].startswith(self._PROTECTED) \
                 and scope["method"] != "OPTIONS":
             given = Headers(scope=scope).get("authorization", "").encode()
             if not hmac.compare_digest(given, self._expected):  # constant time

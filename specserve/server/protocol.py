@@ -557,7 +557,14 @@ class TokenizeRequest(OpenAIModel):
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, StrictStr]] | None = None
     return_token_strs: StrictBool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported_chat(cls, data: Any) -> Any:
+        # What the chat endpoint refuses would be counted wrongly here.
+        return refuse_unsupported(data, {"tools": (None, []), "chat_template": (None,)})
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:

@@ -175,7 +175,7 @@ class OpenAIServing:
         self.check_model(req.model)
         with _refused_as_400():
             prompt_ids = await self._tokenize(lambda tok: _render_chat(tok, req),
-                                              sum(len(str(m.content)) for m in req.messages))
+                                              _chat_chars(req.messages, req.documents))
             max_tokens = self._capped(req.output_limit)
             self._check_length(len(prompt_ids), max_tokens)
             params = req.to_sampling_params(max_tokens, req.num_logprobs, self._defaults)
@@ -203,33 +203,43 @@ class OpenAIServing:
         return _json(body)
 
     # ---- vLLM's tokenizer endpoints ------------------------------------------------------------
-    async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, req: TokenizeRequest) -> Response:
         """The ids the completion endpoints would give the prompt, or the chat endpoint the
-        messages (with the same options)."""
+        messages (with the same options). The response is built where the ids are (the worker
+        thread for a long input), so that a huge one never stalls the streams."""
         self.check_model(req.model)
-        with _refused_as_400():
-            if req.prompt is not None:
-                ids = await self._tokenize(lambda tok: encode_prompt(
-                    tok, req.prompt, req.add_special_tokens is not False), len(req.prompt))
-            else:
-                messages = [m.to_template_dict() for m in req.messages]
-                ids = await self._tokenize(lambda tok: encode_prompt(tok, render_chat(
-                    tok, messages, add_generation_prompt=req.add_generation_prompt,
-                    continue_final_message=req.continue_final_message,
-                    template_kwargs=req.chat_template_kwargs), bool(req.add_special_tokens)),
-                    sum(len(str(m.content)) for m in req.messages))
-        strs = self._tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
-        return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len, tokens=ids,
-                                token_strs=strs)
 
-    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        def work(tok) -> str:
+            if req.prompt is not None:
+                ids = encode_prompt(tok, req.prompt, req.add_special_tokens is not False)
+            else:
+                ids = encode_prompt(tok, render_chat(
+                    tok, [m.to_template_dict() for m in req.messages],
+                    add_generation_prompt=req.add_generation_prompt,
+                    continue_final_message=req.continue_final_message,
+                    documents=req.documents, template_kwargs=req.chat_template_kwargs),
+                    bool(req.add_special_tokens))
+            strs = tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
+            return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len,
+                                    tokens=ids, token_strs=strs).model_dump_json()
+
+        with _refused_as_400():
+            body = await self._tokenize(work, len(req.prompt) if req.prompt is not None
+                                        else _chat_chars(req.messages, req.documents))
+        return Response(body, media_type="application/json")
+
+    async def detokenize(self, req: DetokenizeRequest) -> Response:
         self.check_model(req.model)
-        vocab = self.engine.engine.model_config.vocab_size
+        # The tokenizer's own ids: a model's vocabulary may be padded past them (their text
+        # would read as nothing).
+        vocab = len(self._tokenizer)
         if out_of_range := [t for t in req.tokens if t >= vocab]:
-            raise APIError(400, f"token id {out_of_range[0]} is out of range: the vocabulary "
+            raise APIError(400, f"token id {out_of_range[0]} is out of range: the tokenizer "
                                 f"has {vocab} ids", param="tokens")
-        text = await self._tokenize(lambda tok: decode(tok, req.tokens), len(req.tokens))
-        return DetokenizeResponse(prompt=text)
+        body = await self._tokenize(
+            lambda tok: DetokenizeResponse(prompt=decode(tok, req.tokens)).model_dump_json(),
+            len(req.tokens))
+        return Response(body, media_type="application/json")
 
     # ---- validation and submission ------------------------------------------------------------
     def check_model(self, model: str | None) -> None:
@@ -437,6 +447,12 @@ def _refused_as_400() -> Iterator[None]:
         yield
     except ValueError as exc:
         raise APIError(400, str(exc)) from exc
+
+
+def _chat_chars(messages: list, documents: list[dict] | None) -> int:
+    """The characters a conversation's rendering tokenizes (its documents included)."""
+    return sum(len(str(m.content)) for m in messages) + sum(
+        len(v) for d in documents or () for v in d.values())
 
 
 def _render_chat(tokenizer, req: ChatCompletionRequest) -> list[int]:
