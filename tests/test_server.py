@@ -743,6 +743,23 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_offline(server: LiveServer
     plain = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
         "prompt": PROMPTS[0], "max_tokens": 1}).json()
     assert "prompt_logprobs" not in plain["choices"][0]
+    # vLLM's return_tokens_as_token_ids names every logprob token by its id.
+    named = client.completions.create(model=MODEL, prompt=[ids], max_tokens=3, logprobs=1,
+                                      echo=True, temperature=0, extra_body={
+                                          "return_tokens_as_token_ids": True,
+                                          "ignore_eos": True})
+    want_ids = ids + offline.outputs[0].token_ids
+    assert named.choices[0].logprobs.tokens == [f"token_id:{t}" for t in want_ids]
+    assert all(k.startswith("token_id:") for top in named.choices[0].logprobs.top_logprobs[1:]
+               for k in top)
+    chat_named = client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=3, logprobs=True, top_logprobs=2, temperature=0,
+        extra_body={"return_tokens_as_token_ids": True, "prompt_logprobs": 0})
+    content = chat_named.choices[0].logprobs.content
+    assert all(t.token.startswith("token_id:") and len(t.top_logprobs) == 2 and all(
+        x.token.startswith("token_id:") for x in t.top_logprobs) for t in content)
+    assert all(v["decoded_token"] == f"token_id:{k}" for e in chat_named.prompt_logprobs[1:]
+               for k, v in e.items())
 
 
 # ---- vLLM's /tokenize and /detokenize ---------------------------------------------------------

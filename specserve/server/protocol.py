@@ -134,7 +134,7 @@ class StructuredOutputsOptions(OpenAIModel):
 _UNSUPPORTED_SAMPLING = {
     "use_beam_search": (None, False), "allowed_token_ids": (None, []),
     "bad_words": (None, []), "logits_processors": (None, []),
-    "truncate_prompt_tokens": (None,), "return_tokens_as_token_ids": (None, False),
+    "truncate_prompt_tokens": (None,),
     "guided_whitespace_pattern": (None,),
 }
 
@@ -173,6 +173,9 @@ class SamplingRequest(OpenAIModel):
     # vLLM's: each prompt token's logprob (and this many top ones), in the response's
     # prompt_logprobs (not with stream, as vLLM; a completion's echo streams them instead).
     prompt_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    # vLLM's: logprob tokens as "token_id:N" (a token holding part of a UTF-8 character has
+    # no text of its own; RL trainers read the ids back).
+    return_tokens_as_token_ids: StrictBool = False
     # Speculative decoding for this request: K (0 = off), or
     # {"num_speculative_tokens": K, "policy": "off" | "static" | "adaptive"}.
     speculation: Annotated[SpecTokens | SpeculationOptions | None,

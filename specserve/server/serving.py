@@ -158,15 +158,18 @@ class OpenAIServing:
                 offsets = TextOffsets()
                 if echo is not None:
                     self._completion_logprobs(out.prompt_token_ids, scores, offsets,
-                                              echo.skip_special[i // req.n], logprobs)
+                                              echo.skip_special[i // req.n], logprobs,
+                                              req.return_tokens_as_token_ids)
                 self._completion_logprobs(c.token_ids, c.logprobs, offsets,
-                                          req.skip_special_tokens, logprobs)
+                                          req.skip_special_tokens, logprobs,
+                                          req.return_tokens_as_token_ids)
             if echo is not None:
                 text = echo.texts[i // req.n] + text
             choices.append(CompletionChoice(
                 index=i, text=text, logprobs=logprobs, finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
-                prompt_logprobs=self._prompt_logprobs(scores, req.prompt_logprobs)))
+                prompt_logprobs=self._prompt_logprobs(scores, req.prompt_logprobs,
+                                                      req.return_tokens_as_token_ids)))
         body = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                   usage=_usage(num_prompt_tokens, outputs))
         return _json(body)
@@ -191,7 +194,8 @@ class OpenAIServing:
         for i, out in enumerate(outputs):
             c = out.outputs[0]
             logprobs = (None if c.logprobs is None
-                        else self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0))
+                        else self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0,
+                                                 req.return_tokens_as_token_ids))
             choices.append(ChatChoice(index=i, message=ChatResponseMessage(content=c.text),
                                       logprobs=logprobs, finish_reason=c.finish_reason,
                                       stop_reason=c.stop_reason))
@@ -199,7 +203,8 @@ class OpenAIServing:
             id=request_id, model=self.model_name, choices=choices,
             usage=_usage(len(prompt_ids), outputs),
             prompt_logprobs=self._prompt_logprobs(outputs[0].prompt_logprobs,
-                                                  req.prompt_logprobs))
+                                                  req.prompt_logprobs,
+                                                  req.return_tokens_as_token_ids))
         return _json(body)
 
     # ---- vLLM's tokenizer endpoints ------------------------------------------------------------
@@ -319,7 +324,7 @@ class OpenAIServing:
                 p = i // req.n
                 logprobs = None if c.logprobs is None else self._completion_logprobs(
                     out.prompt_token_ids, scores[p], deltas.text_offsets[i],
-                    echo.skip_special[p])
+                    echo.skip_special[p], as_ids=req.return_tokens_as_token_ids)
                 yield CompletionResponse(id=request_id, created=created, model=self.model_name,
                                          choices=[CompletionChoice(index=i, text=echo.texts[p],
                                                                    logprobs=logprobs)],
@@ -332,7 +337,8 @@ class OpenAIServing:
             if token_logprobs is not None:
                 logprobs = self._completion_logprobs(token_ids, token_logprobs,
                                                      deltas.text_offsets[i],
-                                                     req.skip_special_tokens)
+                                                     req.skip_special_tokens,
+                                                     as_ids=req.return_tokens_as_token_ids)
             if not text and not out.finished and logprobs is None:
                 continue
             if out.finished:
@@ -376,7 +382,8 @@ class OpenAIServing:
             if continuous_usage:
                 num_tokens = (num_prompt_tokens, sum(deltas.sent_tokens))
             logprobs = (None if token_logprobs is None else
-                        self._chat_logprobs(token_ids, token_logprobs, req.top_logprobs or 0))
+                        self._chat_logprobs(token_ids, token_logprobs, req.top_logprobs or 0,
+                                            req.return_tokens_as_token_ids))
             if not text and not out.finished and logprobs is None:
                 continue
             if out.finished:
@@ -397,45 +404,51 @@ class OpenAIServing:
 
     def _completion_logprobs(self, token_ids: Sequence[int],
                              logprobs: Sequence[dict[int, float] | None], offsets: TextOffsets,
-                             skip_special: bool, result: CompletionLogprobs | None = None
-                             ) -> CompletionLogprobs:
+                             skip_special: bool, result: CompletionLogprobs | None = None,
+                             as_ids: bool = False) -> CompletionLogprobs:
         """OpenAI's legacy logprobs of token_ids, appended to result (a new one if None). An
-        entry is None for a prompt's first token, which nothing precedes (echo)."""
+        entry is None for a prompt's first token, which nothing precedes (echo). as_ids:
+        tokens named "token_id:N" (vLLM's return_tokens_as_token_ids)."""
         result = CompletionLogprobs() if result is None else result
+        name = _token_id_name if as_ids else self._token_text
         for token, entry in zip(token_ids, logprobs, strict=True):
-            result.tokens.append(self._token_text(token))
+            result.tokens.append(name(token))
             result.token_logprobs.append(None if entry is None else entry[token])
             # The sampled token is always included, so there may be logprobs + 1 entries.
             result.top_logprobs.append(None if entry is None else
-                                       {self._token_text(t): lp for t, lp in entry.items()})
+                                       {name(t): lp for t, lp in entry.items()})
             skipped = skip_special and token in self._special_ids  # not in the text
             result.text_offset.append(offsets.add(b"" if skipped else self._token_bytes(token)))
         return result
 
     @staticmethod
-    def _prompt_logprobs(scores: list | None, asked: int | None) -> PromptLogprobs | None:
+    def _prompt_logprobs(scores: list | None, asked: int | None, as_ids: bool = False
+                         ) -> PromptLogprobs | None:
         """vLLM's prompt_logprobs of a response, when the request asked for them."""
         if asked is None or scores is None:
             return None
         return [None if entry is None else
-                {t: PromptLogprob(logprob=lp, rank=lp.rank, decoded_token=lp.decoded_token)
+                {t: PromptLogprob(logprob=lp, rank=lp.rank,
+                                  decoded_token=_token_id_name(t) if as_ids else lp.decoded_token)
                  for t, lp in entry.items()}
                 for entry in scores]
 
     def _chat_logprobs(self, token_ids: Sequence[int], logprobs: Sequence[dict[int, float]],
-                       num_top: int) -> ChatChoiceLogprobs:
+                       num_top: int, as_ids: bool = False) -> ChatChoiceLogprobs:
+        name = _token_id_name if as_ids else self._token_text
         content = []
         for token, entry in zip(token_ids, logprobs, strict=True):
-            text = self._token_text(token)
             top = sorted(entry.items(), key=lambda kv: kv[1], reverse=True)[:num_top]
-            content.append(TokenLogprob(token=text, logprob=entry[token],
+            content.append(TokenLogprob(token=name(token), logprob=entry[token],
                                         bytes=list(self._token_bytes(token)),
-                                        top_logprobs=[self._top(t, lp) for t, lp in top]))
+                                        top_logprobs=[TopLogprob(
+                                            token=name(t), logprob=lp,
+                                            bytes=list(self._token_bytes(t))) for t, lp in top]))
         return ChatChoiceLogprobs(content=content)
 
-    def _top(self, token: int, logprob: float) -> TopLogprob:
-        text = self._token_text(token)
-        return TopLogprob(token=text, logprob=logprob, bytes=list(self._token_bytes(token)))
+
+def _token_id_name(token: int) -> str:
+    return f"token_id:{token}"
 
 
 @contextlib.contextmanager
