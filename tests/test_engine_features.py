@@ -298,6 +298,11 @@ def test_prompt_logprobs_survive_chunks_preemption_and_n(llm):
             assert got.keys() == want.keys()
             for t in got:
                 assert got[t].logprob == pytest.approx(want[t].logprob, abs=1e-4)
+    # truncate_prompt_tokens keeps the last k prompt tokens, as if only they had been sent
+    cut = llm.generate(prompts[-1:], replace(params, truncate_prompt_tokens=7))[0]
+    alone = llm.generate([prompts[-1][-7:]], params)[0]
+    assert cut.prompt_token_ids == prompts[-1][-7:]
+    assert cut.outputs[0].token_ids == alone.outputs[0].token_ids
     # n > 1: choice 0 scores the prompt for all (the others share its prefill)
     two = llm.generate(prompts[-1:], replace(params, n=2, temperature=1.0, seed=3))[0]
     assert len(two.outputs) == 2
@@ -309,6 +314,7 @@ def test_prompt_logprobs_survive_chunks_preemption_and_n(llm):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(max_tokens=0), "max_tokens"),
     (dict(prompt_logprobs=21), "prompt_logprobs"),
+    (dict(truncate_prompt_tokens=0), "truncate_prompt_tokens"),
     (dict(prompt_logprobs=-1), "prompt_logprobs"),
     (dict(temperature=-1.0), "temperature"),
     (dict(top_p=0.0), "top_p"),

@@ -579,7 +579,6 @@ def test_text_chunk_with_usage_equals_the_pydantic_model():
     ("/v1/completions", {"speculation": {"speculation_policy": "static"}}, "speculation_policy"),
     ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
     ("/v1/completions", {"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
-    ("/v1/completions", {"truncate_prompt_tokens": 3}, "truncate_prompt_tokens"),
     ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
     ("/v1/chat/completions", {"chat_template": "{{ messages }}"}, "chat_template"),
@@ -743,6 +742,18 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_offline(server: LiveServer
     plain = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
         "prompt": PROMPTS[0], "max_tokens": 1}).json()
     assert "prompt_logprobs" not in plain["choices"][0]
+    # vLLM's truncate_prompt_tokens keeps the prompt's last k tokens; a cut prompt is echoed
+    # as the tokens kept.
+    cut = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=3, echo=True,
+                                    temperature=0, extra_body={"truncate_prompt_tokens": 3,
+                                                               "ignore_eos": True})
+    kept = tok(PROMPTS[0]).input_ids[-3:]
+    assert cut.usage.prompt_tokens == 3
+    assert cut.choices[0].text == tok.decode(kept) + llm.generate([kept], SamplingParams(
+        temperature=0, max_tokens=3, ignore_eos=True))[0].outputs[0].text
+    chat_cut = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1,
+                                              extra_body={"truncate_prompt_tokens": 5})
+    assert chat_cut.usage.prompt_tokens == 5
     # vLLM's return_tokens_as_token_ids names every logprob token by its id.
     named = client.completions.create(model=MODEL, prompt=[ids], max_tokens=3, logprobs=1,
                                       echo=True, temperature=0, extra_body={

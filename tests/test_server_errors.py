@@ -90,6 +90,8 @@ BAD_REQUESTS = [
     pytest.param("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]},
                  JSON, 400, id="tokenize-prompt-and-messages"),
     pytest.param("/tokenize", {}, JSON, 400, id="tokenize-nothing"),
+    pytest.param(CMPL, completion(truncate_prompt_tokens=0), JSON, 400,
+                 id="truncate-prompt-tokens-zero"),
     pytest.param("/tokenize", {"messages": [{"role": "user", "content": "b"}],
                                "tools": [{"type": "function"}]}, JSON, 400,
                  id="tokenize-tools-unsupported"),

@@ -268,6 +268,8 @@ class LLMEngine:
             prompt_text, token_ids = None, list(prompt)
         if not token_ids:
             raise ValueError("the prompt is empty")
+        if params.truncate_prompt_tokens is not None:
+            token_ids = token_ids[-params.truncate_prompt_tokens:]
         vocab = self.model_config.vocab_size
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")

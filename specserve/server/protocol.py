@@ -134,7 +134,6 @@ class StructuredOutputsOptions(OpenAIModel):
 _UNSUPPORTED_SAMPLING = {
     "use_beam_search": (None, False), "allowed_token_ids": (None, []),
     "bad_words": (None, []), "logits_processors": (None, []),
-    "truncate_prompt_tokens": (None,),
     "guided_whitespace_pattern": (None,),
 }
 
@@ -176,6 +175,8 @@ class SamplingRequest(OpenAIModel):
     # vLLM's: logprob tokens as "token_id:N" (a token holding part of a UTF-8 character has
     # no text of its own; RL trainers read the ids back).
     return_tokens_as_token_ids: StrictBool = False
+    # vLLM's: keep only the prompt's last k tokens (the endpoints cut before checking lengths).
+    truncate_prompt_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
     # Speculative decoding for this request: K (0 = off), or
     # {"num_speculative_tokens": K, "policy": "off" | "static" | "adaptive"}.
     speculation: Annotated[SpecTokens | SpeculationOptions | None,
@@ -278,6 +279,7 @@ class SamplingRequest(OpenAIModel):
             min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
             ignore_eos=self.ignore_eos, logprobs=logprobs,
             prompt_logprobs=self.num_prompt_logprobs,
+            truncate_prompt_tokens=self.truncate_prompt_tokens,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
             num_speculative_tokens=spec, speculation_policy=policy,

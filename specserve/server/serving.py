@@ -131,6 +131,11 @@ class OpenAIServing:
                 lambda tok: [encode_prompt(tok, p, req.add_special_tokens)
                              if isinstance(p, str) else list(p) for p in prompts],
                 sum(len(p) for p in prompts if isinstance(p, str)))
+            if (k := req.truncate_prompt_tokens) is not None:
+                # a cut string prompt is echoed as the tokens kept, not as given
+                prompts = [p if len(ids) <= k else ids for p, ids in zip(prompts, prompt_ids,
+                                                                          strict=True)]
+                prompt_ids = [ids[-k:] for ids in prompt_ids]
             max_tokens = 1 if req.echo_only else self._capped(req.max_tokens)
             for ids in prompt_ids:
                 self._check_length(len(ids), max_tokens)
@@ -179,6 +184,8 @@ class OpenAIServing:
         with _refused_as_400():
             prompt_ids = await self._tokenize(lambda tok: _render_chat(tok, req),
                                               _chat_chars(req.messages, req.documents))
+            if req.truncate_prompt_tokens is not None:
+                prompt_ids = prompt_ids[-req.truncate_prompt_tokens:]
             max_tokens = self._capped(req.output_limit)
             self._check_length(len(prompt_ids), max_tokens)
             params = req.to_sampling_params(max_tokens, req.num_logprobs, self._defaults)
