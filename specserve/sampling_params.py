@@ -84,8 +84,8 @@ class SamplingParams:
     # vLLM's: scoring a text (lm-eval's loglikelihood, the server's echo). Such a request reads
     # no prompt KV from the prefix cache: a cached position produces no logits.
     prompt_logprobs: int | None = None
-    # vLLM's: keep only the prompt's last k tokens (left truncation), e.g. a chat history that
-    # outgrew the context.
+    # vLLM's: keep only the prompt's last k tokens (left truncation; -1: the model's context),
+    # e.g. a chat history that outgrew the context.
     truncate_prompt_tokens: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -146,8 +146,8 @@ class SamplingParams:
                                           or not 0 <= self.logprobs <= 20):
             bad(f"logprobs must be in 0..20, got {self.logprobs!r}")
         k = self.truncate_prompt_tokens
-        if k is not None and (not _is_int(k) or k < 1):
-            bad(f"truncate_prompt_tokens must be an integer >= 1, got {k!r}")
+        if k is not None and (not _is_int(k) or k < 1 and k != -1):
+            bad(f"truncate_prompt_tokens must be an integer >= 1 or -1, got {k!r}")
         if self.prompt_logprobs is not None and (not _is_int(self.prompt_logprobs)
                                                  or not 0 <= self.prompt_logprobs <= 20):
             bad(f"prompt_logprobs must be in 0..20, got {self.prompt_logprobs!r}")

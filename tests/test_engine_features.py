@@ -311,10 +311,33 @@ def test_prompt_logprobs_survive_chunks_preemption_and_n(llm):
             for e in reference[-1].prompt_logprobs]
 
 
+def test_truncating_a_text_keeps_the_bos_its_encoding_added():
+    """vLLM's truncate_prompt_tokens cuts a text with transformers' left truncation, which keeps
+    the special tokens the tokenizer adds: a Llama prompt keeps its BOS. Token ids are cut as
+    given."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from specserve.engine.prompts import truncate_prompt
+
+    vocab = {"<s>": 0, "<unk>": 1, "a": 2, "b": 3, "c": 4, "d": 5}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A",
+                                                       special_tokens=[("<s>", 0)])
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", unk_token="<unk>")
+    ids = hf("a b c d").input_ids
+    assert ids == [0, 2, 3, 4, 5]
+    assert truncate_prompt(ids, 3, hf) == [0, 4, 5]
+    assert truncate_prompt(ids, 3) == [3, 4, 5]
+    assert truncate_prompt(ids, 5, hf) == ids and truncate_prompt(ids, 1, hf) == [5]
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(max_tokens=0), "max_tokens"),
     (dict(prompt_logprobs=21), "prompt_logprobs"),
     (dict(truncate_prompt_tokens=0), "truncate_prompt_tokens"),
+    (dict(truncate_prompt_tokens=-2), "truncate_prompt_tokens"),
     (dict(prompt_logprobs=-1), "prompt_logprobs"),
     (dict(temperature=-1.0), "temperature"),
     (dict(top_p=0.0), "top_p"),

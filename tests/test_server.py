@@ -754,6 +754,9 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_offline(server: LiveServer
     chat_cut = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1,
                                               extra_body={"truncate_prompt_tokens": 5})
     assert chat_cut.usage.prompt_tokens == 5
+    whole = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=1,
+                                      extra_body={"truncate_prompt_tokens": -1})
+    assert whole.usage.prompt_tokens == len(tok(PROMPTS[0]).input_ids)  # -1: the context
     # vLLM's return_tokens_as_token_ids names every logprob token by its id.
     named = client.completions.create(model=MODEL, prompt=[ids], max_tokens=3, logprobs=1,
                                       echo=True, temperature=0, extra_body={
@@ -769,7 +772,8 @@ def test_echo_and_prompt_logprobs_score_the_prompt_as_offline(server: LiveServer
     content = chat_named.choices[0].logprobs.content
     assert all(t.token.startswith("token_id:") and len(t.top_logprobs) == 2 and all(
         x.token.startswith("token_id:") for x in t.top_logprobs) for t in content)
-    assert all(v["decoded_token"] == f"token_id:{k}" for e in chat_named.prompt_logprobs[1:]
+    # prompt_logprobs are keyed by id already: their text stays (as in vLLM)
+    assert all(v["decoded_token"] == tok.decode([int(k)]) for e in chat_named.prompt_logprobs[1:]
                for k, v in e.items())
 
 

@@ -24,7 +24,12 @@ from specserve.engine.output_processor import (
     record_logprobs,
     record_prompt_logprobs,
 )
-from specserve.engine.prompts import encode_chat, encode_prompt, set_chat_template
+from specserve.engine.prompts import (
+    encode_chat,
+    encode_prompt,
+    set_chat_template,
+    truncate_prompt,
+)
 from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import Scheduler
 from specserve.engine.spec_planner import SpeculationPlanner, draft_room
@@ -268,8 +273,9 @@ class LLMEngine:
             prompt_text, token_ids = None, list(prompt)
         if not token_ids:
             raise ValueError("the prompt is empty")
-        if params.truncate_prompt_tokens is not None:
-            token_ids = token_ids[-params.truncate_prompt_tokens:]
+        if (k := params.truncate_prompt_tokens) is not None:
+            token_ids = truncate_prompt(token_ids, self.max_model_len if k == -1 else k,
+                                        self.tokenizer if prompt_text is not None else None)
         vocab = self.model_config.vocab_size
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")

@@ -53,6 +53,30 @@ def encode_prompt(tokenizer, prompt: str, add_special_tokens: bool = True) -> li
     return tokenizer(prompt, add_special_tokens=add_special_tokens).input_ids
 
 
+@functools.cache
+def _added_special_tokens(tokenizer) -> tuple[int, int]:
+    """How many special tokens encode_prompt adds before and after a text (a BOS: (1, 0))."""
+    plain = tokenizer("x", add_special_tokens=False).input_ids
+    full = tokenizer("x", add_special_tokens=True).input_ids
+    for lead in range(len(full) - len(plain) + 1):
+        if full[lead:lead + len(plain)] == plain:
+            return lead, len(full) - lead - len(plain)
+    return 0, 0
+
+
+def truncate_prompt(ids: list[int], k: int, tokenizer=None) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens. Given the tokenizer that
+    encoded a text with its special tokens, those stay (a Llama prompt keeps its BOS), as
+    transformers' left truncation keeps them."""
+    if len(ids) <= k:
+        return ids
+    lead, tail = _added_special_tokens(tokenizer) if tokenizer is not None else (0, 0)
+    if lead + tail >= k:
+        return ids[-k:]
+    body = ids[lead:len(ids) - tail]
+    return ids[:lead] + body[len(body) - (k - lead - tail):] + ids[len(ids) - tail:]
+
+
 def encode_chat(tokenizer, messages: list[dict], **options: Any) -> list[int]:
     """The conversation's token ids, as render_chat renders it (the template writes its own
     special tokens: none are added, as in vLLM)."""

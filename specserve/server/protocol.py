@@ -175,8 +175,9 @@ class SamplingRequest(OpenAIModel):
     # vLLM's: logprob tokens as "token_id:N" (a token holding part of a UTF-8 character has
     # no text of its own; RL trainers read the ids back).
     return_tokens_as_token_ids: StrictBool = False
-    # vLLM's: keep only the prompt's last k tokens (the endpoints cut before checking lengths).
-    truncate_prompt_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    # vLLM's: keep only the prompt's last k tokens (-1: the model's context); the endpoints cut
+    # before checking lengths.
+    truncate_prompt_tokens: Annotated[StrictInt, Field(ge=-1)] | None = None
     # Speculative decoding for this request: K (0 = off), or
     # {"num_speculative_tokens": K, "policy": "off" | "static" | "adaptive"}.
     speculation: Annotated[SpecTokens | SpeculationOptions | None,
@@ -204,6 +205,8 @@ class SamplingRequest(OpenAIModel):
             raise ValueError("stream_options is only allowed when stream is true")
         if self.prompt_logprobs is not None and self.stream:
             raise ValueError("prompt_logprobs is not available when stream is true")
+        if self.truncate_prompt_tokens == 0:
+            raise ValueError("truncate_prompt_tokens must be >= 1, or -1 for the model's context")
         # Parsed once here (they raise for bad input), read by to_sampling_params.
         self._bias_by_id = self._parse_logit_bias()
         self._structured = self._parse_structured_outputs()

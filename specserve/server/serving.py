@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from specserve.engine.detokenizer import decode, token_bytes
-from specserve.engine.prompts import encode_chat, encode_prompt, render_chat
+from specserve.engine.prompts import encode_chat, encode_prompt, render_chat, truncate_prompt
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
 from specserve.server.async_engine import (
@@ -118,6 +118,10 @@ class OpenAIServing:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, work, self._worker_tokenizer)
 
+    def _truncation(self, k: int | None) -> int | None:
+        """truncate_prompt_tokens as a token count (-1: the model's context)."""
+        return self.max_model_len if k == -1 else k
+
     def _capped(self, max_tokens: int | None) -> int | None:
         cap = self._max_tokens_cap
         return max_tokens if cap is None else min(cap, max_tokens or cap)
@@ -131,11 +135,15 @@ class OpenAIServing:
                 lambda tok: [encode_prompt(tok, p, req.add_special_tokens)
                              if isinstance(p, str) else list(p) for p in prompts],
                 sum(len(p) for p in prompts if isinstance(p, str)))
-            if (k := req.truncate_prompt_tokens) is not None:
-                # a cut string prompt is echoed as the tokens kept, not as given
-                prompts = [p if len(ids) <= k else ids for p, ids in zip(prompts, prompt_ids,
-                                                                          strict=True)]
-                prompt_ids = [ids[-k:] for ids in prompt_ids]
+            if (k := self._truncation(req.truncate_prompt_tokens)) is not None:
+                # A text keeps the special tokens encoding added (a BOS); a cut one is echoed
+                # as the text of the tokens kept, special tokens included, as a text's are.
+                added = self._tokenizer if req.add_special_tokens else None
+                kept = [truncate_prompt(ids, k, added if isinstance(p, str) else None)
+                        for p, ids in zip(prompts, prompt_ids, strict=True)]
+                prompts = [decode(self._tokenizer, new) if isinstance(p, str) and new != ids
+                           else p for p, ids, new in zip(prompts, prompt_ids, kept, strict=True)]
+                prompt_ids = kept
             max_tokens = 1 if req.echo_only else self._capped(req.max_tokens)
             for ids in prompt_ids:
                 self._check_length(len(ids), max_tokens)
@@ -173,8 +181,7 @@ class OpenAIServing:
             choices.append(CompletionChoice(
                 index=i, text=text, logprobs=logprobs, finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
-                prompt_logprobs=self._prompt_logprobs(scores, req.prompt_logprobs,
-                                                      req.return_tokens_as_token_ids)))
+                prompt_logprobs=self._prompt_logprobs(scores, req.prompt_logprobs)))
         body = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
                                   usage=_usage(num_prompt_tokens, outputs))
         return _json(body)
@@ -184,8 +191,8 @@ class OpenAIServing:
         with _refused_as_400():
             prompt_ids = await self._tokenize(lambda tok: _render_chat(tok, req),
                                               _chat_chars(req.messages, req.documents))
-            if req.truncate_prompt_tokens is not None:
-                prompt_ids = prompt_ids[-req.truncate_prompt_tokens:]
+            if (k := self._truncation(req.truncate_prompt_tokens)) is not None:
+                prompt_ids = truncate_prompt(prompt_ids, k)
             max_tokens = self._capped(req.output_limit)
             self._check_length(len(prompt_ids), max_tokens)
             params = req.to_sampling_params(max_tokens, req.num_logprobs, self._defaults)
@@ -210,8 +217,7 @@ class OpenAIServing:
             id=request_id, model=self.model_name, choices=choices,
             usage=_usage(len(prompt_ids), outputs),
             prompt_logprobs=self._prompt_logprobs(outputs[0].prompt_logprobs,
-                                                  req.prompt_logprobs,
-                                                  req.return_tokens_as_token_ids))
+                                                  req.prompt_logprobs))
         return _json(body)
 
     # ---- vLLM's tokenizer endpoints ------------------------------------------------------------
@@ -429,14 +435,13 @@ class OpenAIServing:
         return result
 
     @staticmethod
-    def _prompt_logprobs(scores: list | None, asked: int | None, as_ids: bool = False
-                         ) -> PromptLogprobs | None:
-        """vLLM's prompt_logprobs of a response, when the request asked for them."""
+    def _prompt_logprobs(scores: list | None, asked: int | None) -> PromptLogprobs | None:
+        """vLLM's prompt_logprobs of a response, when the request asked for them (keyed by token
+        id, so return_tokens_as_token_ids leaves their text alone, as in vLLM)."""
         if asked is None or scores is None:
             return None
         return [None if entry is None else
-                {t: PromptLogprob(logprob=lp, rank=lp.rank,
-                                  decoded_token=_token_id_name(t) if as_ids else lp.decoded_token)
+                {t: PromptLogprob(logprob=lp, rank=lp.rank, decoded_token=lp.decoded_token)
                  for t, lp in entry.items()}
                 for entry in scores]
 
