@@ -77,11 +77,12 @@ def truncate_prompt(ids: list[int], k: int, tokenizer=None) -> list[int]:
     return ids[:lead] + body[len(body) - (k - lead - tail):] + ids[len(ids) - tail:]
 
 
-def encode_chat(tokenizer, messages: list[dict], **options: Any) -> list[int]:
+def encode_chat(tokenizer, messages: list[dict], add_special_tokens: bool = False,
+                **options: Any) -> list[int]:
     """The conversation's token ids, as render_chat renders it (the template writes its own
-    special tokens: none are added, as in vLLM)."""
+    special tokens: by default none are added, as in vLLM)."""
     return encode_prompt(tokenizer, render_chat(tokenizer, messages, **options),
-                         add_special_tokens=False)
+                         add_special_tokens=add_special_tokens)
 
 
 def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,

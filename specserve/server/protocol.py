@@ -385,7 +385,19 @@ _UNSUPPORTED_CHAT = {
 }
 
 
-class ChatCompletionRequest(SamplingRequest):
+class ChatTemplateOptions(OpenAIModel):
+    """How messages are rendered with the chat template (vLLM's fields): close the conversation
+    with the assistant's header (the default), or leave the final message open for the model to
+    continue (a prefill), or neither; the template's own variables; documents for templates
+    that take them (RAG). The chat endpoint and /tokenize render alike."""
+
+    add_generation_prompt: StrictBool = True
+    continue_final_message: StrictBool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, StrictStr]] | None = None
+
+
+class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_tokens: PositiveInt | None = None  # deprecated by OpenAI for max_completion_tokens
     max_completion_tokens: PositiveInt | None = None
@@ -393,13 +405,6 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     tools: list[dict] | None = None
     tool_choice: StrictStr | dict | None = None
-    # vLLM's: close the conversation with the assistant's header (the default), or leave the
-    # final message open for the model to continue (a prefill), or neither; the template's own
-    # variables; documents for templates that take them (RAG).
-    add_generation_prompt: StrictBool = True
-    continue_final_message: StrictBool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    documents: list[dict[str, StrictStr]] | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -552,7 +557,7 @@ class ModelList(BaseModel):
 
 
 # ---- vLLM's /tokenize and /detokenize -----------------------------------------------------------
-class TokenizeRequest(OpenAIModel):
+class TokenizeRequest(ChatTemplateOptions):
     """A prompt, or chat messages rendered with the model's chat template, as the endpoints
     would tokenize them (vLLM's two request shapes in one: exactly one of prompt, messages)."""
 
@@ -562,10 +567,6 @@ class TokenizeRequest(OpenAIModel):
     # None: a prompt gets the tokenizer's special tokens, rendered chat none (its template
     # writes its own), as the completion endpoints encode them.
     add_special_tokens: StrictBool | None = None
-    add_generation_prompt: StrictBool = True
-    continue_final_message: StrictBool = False
-    chat_template_kwargs: dict[str, Any] | None = None
-    documents: list[dict[str, StrictStr]] | None = None
     return_token_strs: StrictBool = False
 
     @model_validator(mode="before")

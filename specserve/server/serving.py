@@ -24,7 +24,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 
 from specserve.engine.detokenizer import decode, token_bytes
-from specserve.engine.prompts import encode_chat, encode_prompt, render_chat, truncate_prompt
+from specserve.engine.prompts import encode_chat, encode_prompt, truncate_prompt
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
 from specserve.server.async_engine import (
@@ -228,15 +228,9 @@ class OpenAIServing:
         self.check_model(req.model)
 
         def work(tok) -> str:
-            if req.prompt is not None:
-                ids = encode_prompt(tok, req.prompt, req.add_special_tokens is not False)
-            else:
-                ids = encode_prompt(tok, render_chat(
-                    tok, [m.to_template_dict() for m in req.messages],
-                    add_generation_prompt=req.add_generation_prompt,
-                    continue_final_message=req.continue_final_message,
-                    documents=req.documents, template_kwargs=req.chat_template_kwargs),
-                    bool(req.add_special_tokens))
+            ids = (encode_prompt(tok, req.prompt, req.add_special_tokens is not False)
+                   if req.prompt is not None
+                   else _render_chat(tok, req, bool(req.add_special_tokens)))
             strs = tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
             return TokenizeResponse(count=len(ids), max_model_len=self.max_model_len,
                                     tokens=ids, token_strs=strs).model_dump_json()
@@ -330,18 +324,18 @@ class OpenAIServing:
             if req.echo_only:
                 out = _without_completion(out)
             c = out.outputs[0]
-            if continuous_usage:
-                num_tokens = (num_prompt_tokens, sum(deltas.sent_tokens))
             if i in to_echo:  # the prompt first, in a chunk of its own (vLLM sends it with
                 to_echo.discard(i)  # the first token's text)
                 p = i // req.n
                 logprobs = None if c.logprobs is None else self._completion_logprobs(
                     out.prompt_token_ids, scores[p], deltas.text_offsets[i],
                     echo.skip_special[p], as_ids=req.return_tokens_as_token_ids)
+                usage = _usage_info((num_prompt_tokens, sum(deltas.sent_tokens))
+                                    if continuous_usage else None)
                 yield CompletionResponse(id=request_id, created=created, model=self.model_name,
                                          choices=[CompletionChoice(index=i, text=echo.texts[p],
                                                                    logprobs=logprobs)],
-                                         usage=_usage_info(num_tokens))
+                                         usage=usage)
             text = deltas.text(i, c.text, out.finished)
             token_ids, token_logprobs = deltas.tokens(i, c)
             if continuous_usage:
@@ -480,8 +474,10 @@ def _chat_chars(messages: list, documents: list[dict] | None) -> int:
         len(v) for d in documents or () for v in d.values())
 
 
-def _render_chat(tokenizer, req: ChatCompletionRequest) -> list[int]:
+def _render_chat(tokenizer, req: ChatCompletionRequest | TokenizeRequest,
+                 add_special_tokens: bool = False) -> list[int]:
     return encode_chat(tokenizer, [m.to_template_dict() for m in req.messages],
+                       add_special_tokens=add_special_tokens,
                        add_generation_prompt=req.add_generation_prompt,
                        continue_final_message=req.continue_final_message,
                        documents=req.documents, template_kwargs=req.chat_template_kwargs)
