@@ -83,15 +83,17 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None, *, use_tqdm: bool = False,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict | None = None,
+             tools: list[dict] | None = None) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"}) or a list of conversations, rendered
         with the model's chat template as the server renders it (vLLM's options: the
         assistant's header, or the last assistant message left open to be continued; the
-        template's own variables). Each output's `prompt` is the rendered text, as vLLM's."""
+        template's own variables; OpenAI's function tools, for a template that lists them).
+        Each output's `prompt` is the rendered text, as vLLM's."""
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
         texts = [render_chat(tokenizer, c, add_generation_prompt=add_generation_prompt,
-                             continue_final_message=continue_final_message,
+                             continue_final_message=continue_final_message, tools=tools,
                              template_kwargs=chat_template_kwargs) for c in convs]
         # Token ids with no special tokens added: the template wrote its own (a raw text prompt
         # would get a second BOS on Llama and Mistral).

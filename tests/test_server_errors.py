@@ -33,6 +33,9 @@ def server() -> Iterator[LiveServer]:
     live.stop()
 
 
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
 def completion(**fields) -> dict:
     return {"model": NAME, "prompt": "Hello", "max_tokens": 4, **fields}
 
@@ -94,7 +97,7 @@ BAD_REQUESTS = [
                  id="truncate-prompt-tokens-zero"),
     pytest.param("/tokenize", {"messages": [{"role": "user", "content": "b"}],
                                "tools": [{"type": "function"}]}, JSON, 400,
-                 id="tokenize-tools-unsupported"),
+                 id="tokenize-tool-without-function"),
     pytest.param("/tokenize", {"model": "nope", "prompt": "a"}, JSON, 404,
                  id="tokenize-unknown-model"),
     pytest.param("/detokenize", {"tokens": [10**9]}, JSON, 400, id="detokenize-out-of-vocab"),
@@ -144,8 +147,27 @@ BAD_REQUESTS = [
     pytest.param(CHAT, chat(top_logprobs=3), JSON, 400, id="top-logprobs-without-logprobs"),
     pytest.param(CHAT, chat(logprobs=True, top_logprobs=21), JSON, 400, id="top-logprobs-huge"),
     pytest.param(CHAT, chat(max_completion_tokens=0), JSON, 400, id="max-completion-tokens-0"),
-    pytest.param(CHAT, chat(tools=[{"type": "function", "function": {"name": "f"}}]), JSON, 400,
-                 id="tools-unsupported"),
+    # Tool calls. This server has no --tool-call-parser: "auto", the default, is refused.
+    pytest.param(CHAT, chat(tools=TOOLS), JSON, 400, id="tools-auto-without-parser"),
+    pytest.param(CHAT, chat(tool_choice="required"), JSON, 400, id="tool-choice-without-tools"),
+    pytest.param(CHAT, chat(tools=TOOLS, tool_choice="always"), JSON, 400,
+                 id="tool-choice-unknown-string"),
+    pytest.param(CHAT, chat(tools=TOOLS, tool_choice={"type": "function",
+                                                      "function": {"name": "g"}}), JSON, 400,
+                 id="tool-choice-names-no-tool"),
+    pytest.param(CHAT, chat(tools=TOOLS + TOOLS, tool_choice="required"), JSON, 400,
+                 id="tools-same-name-twice"),
+    pytest.param(CHAT, chat(tools=[{"type": "retrieval"}], tool_choice="required"), JSON, 400,
+                 id="tool-type-unknown"),
+    pytest.param(CHAT, chat(tools=TOOLS, tool_choice="required",
+                            response_format={"type": "json_object"}), JSON, 400,
+                 id="tool-choice-required-and-response-format"),
+    pytest.param(CHAT, chat(messages=[{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{bad"}}]}]),
+                 JSON, 400, id="tool-call-arguments-not-json"),
+    pytest.param(CHAT, chat(messages=[{"role": "user", "content": "x", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]),
+                 JSON, 400, id="tool-calls-on-a-user-message"),
     pytest.param(CHAT, chat(model="nope"), JSON, 404, id="chat-unknown-model"),
     pytest.param(CHAT, chat(chat_template_kwargs={"documents": 5}), JSON, 400,
                  id="template-documents-not-a-list"),
@@ -426,7 +448,7 @@ def test_a_browser_may_call_the_server_from_the_allowed_origins(llm):
 
 @pytest.mark.parametrize("flag", [("--max-queue", "-1"), ("--shutdown-timeout", "-5"),
                                   ("--shutdown-timeout", "nan"), ("--stream-interval", "0"),
-                                  ("--allowed-origins", ",")])
+                                  ("--allowed-origins", ","), ("--tool-call-parser", "nope")])
 def test_serve_refuses_out_of_range_flags(flag, capsys):
     import argparse
 
@@ -439,6 +461,21 @@ def test_serve_refuses_out_of_range_flags(flag, capsys):
     assert flag[0] in capsys.readouterr().err
     args = parser.parse_args(["--max-queue", "0", "--shutdown-timeout", "0"])
     assert (args.max_queue, args.shutdown_timeout) == (0, 0.0)
+
+
+@pytest.mark.parametrize("flags", [["--enable-auto-tool-choice"],
+                                   ["--tool-call-parser", "hermes"]])
+def test_serve_refuses_tool_flags_that_would_do_nothing(flags):
+    import argparse
+
+    from specserve.server.cli import add_serve_args, check_tool_flags
+
+    parser = argparse.ArgumentParser()
+    add_serve_args(parser)
+    with pytest.raises(SystemExit, match="--tool-call-parser"):
+        check_tool_flags(parser.parse_args(flags))
+    check_tool_flags(parser.parse_args(["--enable-auto-tool-choice", "--tool-call-parser",
+                                        "hermes"]))
 
 
 def test_a_server_whose_engine_failed_exits_with_the_cause():

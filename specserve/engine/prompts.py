@@ -87,12 +87,14 @@ def encode_chat(tokenizer, messages: list[dict], add_special_tokens: bool = Fals
 
 def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True,
                 continue_final_message: bool = False, documents: list[dict] | None = None,
+                tools: list[dict] | None = None,
                 template_kwargs: dict[str, Any] | None = None) -> str:
     """The conversation rendered by the model's chat template: by default closed with the
     assistant's header, ready for the reply; with continue_final_message the last (assistant)
-    message is left open for the reply to continue. template_kwargs: the template's own
-    variables (vLLM's chat_template_kwargs). Raises ValueError for what the template or these
-    options refuse."""
+    message is left open for the reply to continue. tools: OpenAI's function tools, for a
+    template that lists them (one that does not ignores them). template_kwargs: the template's
+    own variables (vLLM's chat_template_kwargs). Raises ValueError for what the template or
+    these options refuse."""
     kwargs = {"add_generation_prompt": add_generation_prompt,
               "continue_final_message": continue_final_message, "documents": documents,
               **(template_kwargs or {})}
@@ -114,7 +116,7 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool 
         messages = [{**m, "role": "system"} if m["role"] == "developer" else m
                     for m in messages]
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
     except TemplateError as exc:  # e.g. a template that rejects the order of roles
         raise ValueError(f"the chat template refused these messages: {exc}") from exc
     except TypeError as exc:

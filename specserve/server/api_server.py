@@ -179,7 +179,8 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
               api_key: str | None = None, max_queue: int | None = 256,
               engine_thread: bool = True, stream_interval: int = 1,
               allowed_origins: list[str] | None = None,
-              max_request_bytes: int = 64 << 20) -> FastAPI:
+              max_request_bytes: int = 64 << 20,
+              tool_call_parser: str | None = None) -> FastAPI:
     """The FastAPI app around a loaded engine. The engine thread starts with the app's lifespan
     and stops with it, aborting whatever is still running."""
     model_name = served_model_name or engine.model_name
@@ -205,7 +206,8 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
     app.state.metrics = server_metrics
     model_arg = engine.config.model
     aliases = (model_arg,) if model_arg and not served_model_name else ()
-    app.state.serving = OpenAIServing(async_engine, model_name, server_metrics, aliases)
+    app.state.serving = OpenAIServing(async_engine, model_name, server_metrics, aliases,
+                                      tool_call_parser=tool_call_parser)
     install_error_handlers(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
@@ -225,7 +227,9 @@ def run_server(args: argparse.Namespace) -> None:
     shutdown, which ends the engine loop; then we exit 0."""
     from specserve.cli import engine_kwargs
     from specserve.llm import build_engine_config
+    from specserve.server.cli import check_tool_flags
 
+    check_tool_flags(args)  # before the model loads
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = LLMEngine(build_engine_config(args.model, **engine_kwargs(args)))
@@ -234,7 +238,9 @@ def run_server(args: argparse.Namespace) -> None:
     app = build_app(engine, served_model_name=args.served_model_name, api_key=args.api_key,
                     max_queue=args.max_queue, engine_thread=False,
                     stream_interval=args.stream_interval, allowed_origins=args.allowed_origins,
-                    max_request_bytes=args.max_request_bytes)
+                    max_request_bytes=args.max_request_bytes,
+                    tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice
+                    else None)
     # uvicorn cancels the responses still open when its graceful timeout runs out (a cut
     # stream, a bare 500); the engine aborts them first (drain), and uvicorn waits a little
     # longer than that for them to end properly.

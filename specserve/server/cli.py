@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from specserve.server.tool_calls import TOOL_CALL_PARSERS
+
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     # Imported here, not at the top: specserve.cli imports this module while it loads.
@@ -37,9 +39,25 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="the model name clients must send (default: the model's own name)")
     p.add_argument("--shutdown-timeout", type=_seconds, default=30.0,
                    help="on SIGTERM, seconds to let open responses finish before aborting them")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='serve tool_choice "auto" (the default when a request has tools): '
+                        "the model decides whether to call, read with --tool-call-parser "
+                        '("required" and named calls work without it)')
+    p.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS), default=None,
+                   help="how the model writes a tool call (hermes: <tool_call>{json}"
+                        "</tool_call>, as Hermes and Qwen models do)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
+
+
+def check_tool_flags(args: argparse.Namespace) -> None:
+    """Refuse, before the model loads, tool flags that would do nothing."""
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser (one of "
+                         f"{', '.join(sorted(TOOL_CALL_PARSERS))})")
+    if args.tool_call_parser is not None and not args.enable_auto_tool_choice:
+        raise SystemExit("--tool-call-parser is read only with --enable-auto-tool-choice")
 
 
 def positive_int(text: str) -> int:

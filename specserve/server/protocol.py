@@ -2,13 +2,14 @@
 
 Scalars are strict: `"max_tokens": "5"` or `"stream": 1` is a 400, not silently coerced. Unknown
 fields are ignored, as OpenAI's API and vLLM do, but known features we do not implement (suffix,
-tools, beam search, ...) are refused rather than silently ignored, and so is an unknown key in
+beam search, ...) are refused rather than silently ignored, and so is an unknown key in
 our own objects (`speculation`, `structured_outputs`). Structured outputs come as OpenAI's
 `response_format` or vLLM's `structured_outputs` body field.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -30,6 +31,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from specserve.sampling_params import SamplingParams, StructuredOutputsParams
+from specserve.server.tool_calls import arguments_schema, calls_schema
 
 MAX_N = 128  # OpenAI's limit on choices per request
 MAX_LOGPROBS = 20
@@ -342,6 +344,39 @@ class CompletionRequest(SamplingRequest):
         return list(p)
 
 
+# ---- tool calling (OpenAI's function tools; the logic is in tool_calls.py) -------------------
+class FunctionDefinition(OpenAIModel):
+    name: Annotated[StrictStr, Field(min_length=1, max_length=256)]
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema
+    strict: StrictBool | None = None  # whatever it says, required and named calls are forced
+
+
+class ChatTool(OpenAIModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class _FunctionName(OpenAIModel):
+    name: StrictStr
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"]
+    function: _FunctionName
+
+
+class FunctionCall(OpenAIModel):
+    name: StrictStr
+    arguments: StrictStr  # JSON text, as OpenAI sends it
+
+
+class ToolCall(OpenAIModel):
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class TextPart(OpenAIModel):
     type: Literal["text"]
     text: StrictStr
@@ -355,15 +390,20 @@ class ChatMessage(OpenAIModel):
                        one_of("a string or a list of parts of type text")] = None
     name: StrictStr | None = None
     tool_call_id: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
 
     @model_validator(mode="after")
     def _check_content(self) -> ChatMessage:
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs content")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError(f"a {self.role} message cannot have tool_calls")
         return self
 
     def to_template_dict(self) -> dict:
-        """The message as engine/prompts.py renders it (which joins text parts)."""
+        """The message as engine/prompts.py renders it (which joins text parts). Earlier tool
+        calls carry their arguments as an object, as transformers' chat templates read them
+        (vLLM converts them too)."""
         content = self.content or ""
         if not isinstance(content, str):
             content = [part.model_dump() for part in content]
@@ -372,7 +412,21 @@ class ChatMessage(OpenAIModel):
             message["name"] = self.name
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {"id": call.id, "type": call.type,
+                 "function": {"name": call.function.name,
+                              "arguments": _arguments_object(call.function.arguments)}}
+                for call in self.tool_calls]
         return message
+
+
+def _arguments_object(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        raise ValueError(f"a tool call's arguments must be JSON text, got {arguments[:80]!r}"
+                         ) from None
 
 
 # Chat fields of OpenAI's and vLLM's that change the output and that we do not implement, with
@@ -395,6 +449,12 @@ class ChatTemplateOptions(OpenAIModel):
     continue_final_message: StrictBool = False
     chat_template_kwargs: dict[str, Any] | None = None
     documents: list[dict[str, StrictStr]] | None = None
+    tools: list[ChatTool] | None = None  # given to the template (one without tools ignores them)
+
+    def template_tools(self) -> list[dict] | None:
+        """The tools as the template sees them: OpenAI's fields in OpenAI's order, unset ones
+        left out (as vLLM gives them)."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
 
 class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
@@ -403,8 +463,11 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     max_completion_tokens: PositiveInt | None = None
     logprobs: StrictBool = False
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_LOGPROBS)] | None = None
-    tools: list[dict] | None = None
-    tool_choice: StrictStr | dict | None = None
+    # None with tools: "auto", as in OpenAI's API.
+    tool_choice: Annotated[Literal["none", "auto", "required"] | NamedToolChoice | None,
+                           one_of('"none", "auto", "required" or {"type": "function", '
+                                  '"function": {"name": ...}}')] = None
+    parallel_tool_calls: StrictBool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -415,9 +478,36 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     def _check_chat(self) -> ChatCompletionRequest:
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs requires logprobs to be true")
-        if self.tools or self.tool_choice not in (None, "none", "auto"):
-            raise ValueError("tools are not supported")
+        names = [t.function.name for t in self.tools or ()]
+        if len(set(names)) != len(names):
+            raise ValueError("tools must have distinct function names")
+        if self.tool_choice not in (None, "none", "auto") and not self.tools:
+            raise ValueError("tool_choice needs tools")
+        mode = self.tool_mode
+        if mode in ("named", "required"):  # the reply is constrained to calls
+            if self._structured is not None:
+                raise ValueError(f"tool_choice {mode} sets the reply's format: give it or a "
+                                 "structured output, not both")
+            if mode == "named":
+                name = self.tool_choice.function.name
+                if name not in names:
+                    raise ValueError(f"tool_choice names the function {name!r}, which is not "
+                                     "among the tools")
+                schema = arguments_schema(self.tools[names.index(name)].function.parameters)
+            else:
+                schema = calls_schema([(t.function.name, t.function.parameters)
+                                       for t in self.tools], self.parallel_tool_calls)
+            self._structured = StructuredOutputsParams(json=schema)
         return self
+
+    @property
+    def tool_mode(self) -> str | None:
+        """How the reply is read: None (text), "auto", "required" or "named"."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return "named"
+        return self.tool_choice or "auto"
 
     @property
     def output_limit(self) -> int | None:
@@ -495,7 +585,33 @@ class ChatChoiceLogprobs(BaseModel):
 
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed tool call: the first delta of call `index` has its id, type and name, later
+    ones only more of its arguments (fields left out, not null, as OpenAI streams them)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+    @model_serializer
+    def _omit_unset(self) -> dict:
+        out: dict[str, Any] = {"index": self.index}
+        if self.id is not None:
+            out["id"], out["type"] = self.id, self.type
+        out["function"] = {k: v for k, v in (("name", self.function.name),
+                                             ("arguments", self.function.arguments))
+                           if v is not None}
+        return out
 
 
 class ChatChoice(BaseModel):
@@ -519,12 +635,16 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer
     def _omit_unset(self) -> dict:
         # OpenAI sends {"role": ...} once, then {"content": ...}, then {}: absent, not null.
-        return {k: v for k, v in (("role", self.role), ("content", self.content))
-                if v is not None}
+        out: dict[str, Any] = {k: v for k, v in (("role", self.role), ("content", self.content))
+                               if v is not None}
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        return out
 
 
 class ChatStreamChoice(BaseModel):
@@ -573,7 +693,7 @@ class TokenizeRequest(ChatTemplateOptions):
     @classmethod
     def _refuse_unsupported_chat(cls, data: Any) -> Any:
         # What the chat endpoint refuses would be counted wrongly here.
-        return refuse_unsupported(data, {"tools": (None, []), "chat_template": (None,)})
+        return refuse_unsupported(data, {"chat_template": (None,)})
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:

@@ -48,14 +48,18 @@ from specserve.server.protocol import (
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
     DetokenizeRequest,
     DetokenizeResponse,
+    FunctionCall,
     PromptLogprob,
     PromptLogprobs,
     TokenizeRequest,
     TokenizeResponse,
     TokenLogprob,
+    ToolCall,
     TopLogprob,
     UsageInfo,
 )
@@ -66,6 +70,7 @@ from specserve.server.streaming import (
     TextOffsets,
     collect_outputs,
 )
+from specserve.server.tool_calls import CallReader, call_reader, merge_calls
 
 # nginx's code for "client closed request": never seen by the client, only in access logs.
 _CLIENT_CLOSED = 499
@@ -79,9 +84,12 @@ class OpenAIServing:
     """Completions and chat completions over an AsyncEngine."""
 
     def __init__(self, engine: AsyncEngine, model_name: str,
-                 metrics: ServerMetrics | None = None, aliases: tuple[str, ...] = ()):
+                 metrics: ServerMetrics | None = None, aliases: tuple[str, ...] = (),
+                 tool_call_parser: str | None = None):
         self.engine = engine
         self.model_name = model_name
+        # How tool_choice "auto" reads the model's calls (None: such requests are refused).
+        self.tool_call_parser = tool_call_parser
         # Other names a request may use for it: the model argument as the server was started
         # with it (vLLM's default served name, a path; ours is its last part).
         self._names = {model_name, *aliases}
@@ -188,14 +196,23 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
+        if req.tool_mode == "auto" and self.tool_call_parser is None:
+            # As vLLM: the model's own call format is read only by a parser chosen for it.
+            raise APIError(400, 'tool_choice "auto" (the default with tools) needs the server '
+                                "started with --enable-auto-tool-choice and --tool-call-parser; "
+                                '"required" or a named function work without', param="tool_choice")
         with _refused_as_400():
             prompt_ids = await self._tokenize(lambda tok: _render_chat(tok, req),
-                                              _chat_chars(req.messages, req.documents))
+                                              _chat_chars(req))
             if (k := self._truncation(req.truncate_prompt_tokens)) is not None:
                 prompt_ids = truncate_prompt(prompt_ids, k)
             max_tokens = self._capped(req.output_limit)
             self._check_length(len(prompt_ids), max_tokens)
             params = req.to_sampling_params(max_tokens, req.num_logprobs, self._defaults)
+            if req.tool_mode == "auto":
+                # A model's call tags may be special tokens (Hermes 2 Pro's are): they must
+                # reach the parser, as vLLM's hermes parser keeps them.
+                params.skip_special_tokens = False
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream)
         if req.stream:
@@ -210,9 +227,15 @@ class OpenAIServing:
             logprobs = (None if c.logprobs is None
                         else self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0,
                                                  req.return_tokens_as_token_ids))
-            choices.append(ChatChoice(index=i, message=ChatResponseMessage(content=c.text),
-                                      logprobs=logprobs, finish_reason=c.finish_reason,
-                                      stop_reason=c.stop_reason))
+            message, finish_reason = ChatResponseMessage(content=c.text), c.finish_reason
+            if (reader := self._call_reader(req)) is not None:
+                content, parts = reader.read(c.text)
+                calls = [ToolCall(id=call_id, function=FunctionCall(name=name, arguments=args))
+                         for call_id, name, args in merge_calls(parts)]
+                message = ChatResponseMessage(content=content, tool_calls=calls or None)
+                finish_reason = _tool_finish_reason(req, reader, finish_reason)
+            choices.append(ChatChoice(index=i, message=message, logprobs=logprobs,
+                                      finish_reason=finish_reason, stop_reason=c.stop_reason))
         body = ChatCompletionResponse(
             id=request_id, model=self.model_name, choices=choices,
             usage=_usage(len(prompt_ids), outputs),
@@ -237,7 +260,7 @@ class OpenAIServing:
 
         with _refused_as_400():
             body = await self._tokenize(work, len(req.prompt) if req.prompt is not None
-                                        else _chat_chars(req.messages, req.documents))
+                                        else _chat_chars(req))
         return Response(body, media_type="application/json")
 
     async def detokenize(self, req: DetokenizeRequest) -> Response:
@@ -382,6 +405,7 @@ class OpenAIServing:
         final: list[RequestOutput | None] = [None] * num_choices
         text_chunk = TextChunk(lambda i, text: chunk(
             [ChatStreamChoice(index=i, delta=DeltaMessage(content=text))]))
+        readers = [self._call_reader(req) for _ in range(num_choices)]
         async for i, out in stream:
             c = out.outputs[0]
             text = deltas.text(i, c.text, out.finished)
@@ -391,19 +415,34 @@ class OpenAIServing:
             logprobs = (None if token_logprobs is None else
                         self._chat_logprobs(token_ids, token_logprobs, req.top_logprobs or 0,
                                             req.return_tokens_as_token_ids))
-            if not text and not out.finished and logprobs is None:
+            calls, finish_reason = [], c.finish_reason
+            if (reader := readers[i]) is not None:  # the reply read as text and tool calls
+                text, calls = reader.feed(text)
+                if out.finished:
+                    rest, more = reader.finish()
+                    text, calls = text + rest, calls + more
+                    finish_reason = _tool_finish_reason(req, reader, finish_reason)
+            if not text and not calls and not out.finished and logprobs is None:
                 continue
             if out.finished:
                 final[i] = out
-            elif logprobs is None:  # the chunk of nearly every token: text only
+            elif logprobs is None and not calls:  # the chunk of nearly every token: text only
                 yield text_chunk.render(i, text, num_tokens)
                 continue
-            delta = DeltaMessage(content=text) if text else DeltaMessage()
+            delta = DeltaMessage(content=text or None, tool_calls=[
+                DeltaToolCall(index=p.index, id=p.id, type="function" if p.id else None,
+                              function=DeltaFunctionCall(name=p.name, arguments=p.arguments))
+                for p in calls] or None)
             yield chunk([ChatStreamChoice(index=i, delta=delta, logprobs=logprobs,
-                                          finish_reason=c.finish_reason)],
+                                          finish_reason=finish_reason)],
                         _usage_info(num_tokens))
         if req.include_usage:
             yield chunk([], _usage(num_prompt_tokens, final))
+
+    def _call_reader(self, req: ChatCompletionRequest) -> CallReader | None:
+        """How one choice's reply is read (None: as text)."""
+        named = req.tool_choice.function.name if req.tool_mode == "named" else None
+        return call_reader(req.tool_mode, self.tool_call_parser, named)
 
     # ---- logprobs -----------------------------------------------------------------------------
     def _decode_token(self, token_id: int) -> str:
@@ -468,10 +507,12 @@ def _refused_as_400() -> Iterator[None]:
         raise APIError(400, str(exc)) from exc
 
 
-def _chat_chars(messages: list, documents: list[dict] | None) -> int:
-    """The characters a conversation's rendering tokenizes (its documents included)."""
-    return sum(len(str(m.content)) for m in messages) + sum(
-        len(v) for d in documents or () for v in d.values())
+def _chat_chars(req: ChatCompletionRequest | TokenizeRequest) -> int:
+    """About the characters a conversation's rendering tokenizes (its documents, tools and
+    earlier calls included)."""
+    return (sum(len(str(m.content)) + len(str(m.tool_calls or "")) for m in req.messages)
+            + sum(len(v) for d in req.documents or () for v in d.values())
+            + sum(len(str(t)) for t in req.tools or ()))
 
 
 def _render_chat(tokenizer, req: ChatCompletionRequest | TokenizeRequest,
@@ -480,7 +521,17 @@ def _render_chat(tokenizer, req: ChatCompletionRequest | TokenizeRequest,
                        add_special_tokens=add_special_tokens,
                        add_generation_prompt=req.add_generation_prompt,
                        continue_final_message=req.continue_final_message,
-                       documents=req.documents, template_kwargs=req.chat_template_kwargs)
+                       documents=req.documents, tools=req.template_tools(),
+                       template_kwargs=req.chat_template_kwargs)
+
+
+def _tool_finish_reason(req: ChatCompletionRequest, reader: CallReader,
+                        finish_reason: str | None) -> str | None:
+    """OpenAI's: "tool_calls" when the model chose to call (auto) or had to (required) and
+    did; a named call ends as its reply ended ("stop")."""
+    if reader.num_calls and finish_reason == "stop" and req.tool_mode in ("auto", "required"):
+        return "tool_calls"
+    return finish_reason
 
 
 @dataclasses.dataclass(slots=True)
