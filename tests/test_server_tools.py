@@ -19,6 +19,7 @@ from specserve import SamplingParams, StructuredOutputsParams
 from specserve.engine.prompts import encode_chat, render_chat
 from specserve.server.tool_calls import (
     HermesCalls,
+    Llama3JsonCalls,
     NamedCall,
     RequiredCalls,
     arguments_schema,
@@ -74,7 +75,7 @@ def _streamed(reader, text: str, cuts: list[int]) -> tuple[str | None, list]:
         content.append(c)
         parts += p
     c, p = reader.finish()
-    return "".join(content) + c or None, parts
+    return "".join(content) + c or None, parts + p
 
 
 @pytest.mark.parametrize("text", REPLIES)
@@ -89,6 +90,33 @@ def test_hermes_reply_streamed_in_any_pieces_reads_as_the_whole(text: str):
         assert [(name, args) for _, name, args in merge_calls(got_parts)] == calls
     if "<tool_call>" not in text:
         assert content == text  # no call: the text as the model wrote it
+
+
+LLAMA3_REPLIES = [
+    '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+    '<|python_tag|>{"name": "get_time", "parameters": {"timezone": "UTC"}}; '
+    '{"name": "get_weather", "arguments": {"city": "Oslo"}}',
+    "  The weather is fine.",  # text: streamed as written
+    "<|not_a_tag|> text",
+    '{"name": "get_weather", "parameters": {"city": "Par',  # cut short: text
+    '{"city": "Paris"}',  # JSON, but not a call: text
+]
+
+
+@pytest.mark.parametrize("text", LLAMA3_REPLIES)
+def test_llama3_json_reply_streamed_in_any_pieces_reads_as_the_whole(text: str):
+    content, parts = Llama3JsonCalls().read(text)
+    calls = [(name, args) for _, name, args in merge_calls(parts)]
+    for cuts in [list(range(1, len(text))), [5], [1, 2, 3]]:
+        got_content, got_parts = _streamed(Llama3JsonCalls(), text, cuts)
+        assert got_content == content
+        assert [(name, args) for _, name, args in merge_calls(got_parts)] == calls
+    assert (content, calls) == {
+        0: (None, [("get_weather", '{"city": "Paris"}')]),
+        1: (None, [("get_time", '{"timezone": "UTC"}'), ("get_weather", '{"city": "Oslo"}')]),
+    }.get(LLAMA3_REPLIES.index(text), (text, []))
+    if not text.lstrip().startswith(("{", "<|python_tag|>")):  # text goes out as it comes
+        assert Llama3JsonCalls().feed(text) == (text, [])
 
 
 def test_hermes_reply_contents_and_calls():

@@ -45,7 +45,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         '("required" and named calls work without it)')
     p.add_argument("--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS), default=None,
                    help="how the model writes a tool call (hermes: <tool_call>{json}"
-                        "</tool_call>, as Hermes and Qwen models do)")
+                        "</tool_call>, as Hermes and Qwen 2.5 models do; llama3_json: a reply "
+                        "of JSON calls, as Llama 3.1-3.3 write them)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")

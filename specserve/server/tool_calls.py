@@ -191,6 +191,63 @@ class HermesCalls(CallReader):
         return out
 
 
+class Llama3JsonCalls(CallReader):
+    """tool_choice "auto" for Llama 3.1-3.3's JSON tool calls: a reply that is calls and
+    nothing else, `{"name": ..., "parameters": {...}}` (several separated by ";"), maybe after
+    `<|python_tag|>` (vLLM's `llama3_json` parser). A reply that starts otherwise is text,
+    streamed as it comes; one that starts like a call is held and read whole at its end, and
+    stays text if it does not parse."""
+
+    TAG = "<|python_tag|>"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._head = ""  # the reply until it is known to be text or calls
+        self._calls: bool | None = None  # undecided
+
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
+        if self._calls is False:
+            return text, []
+        self._head += text
+        if self._calls is None:
+            start = self._head.lstrip()
+            if start.startswith(("{", self.TAG)):
+                self._calls = True
+            elif start and not self.TAG.startswith(start):
+                self._calls = False
+                text, self._head = self._head, ""
+                return text, []
+        return "", []
+
+    def finish(self) -> tuple[str, list[CallDelta]]:
+        text, self._head = self._head, ""
+        calls = _llama3_calls(text) if self._calls else None
+        if calls is None:
+            return text, []
+        return "", [self._call(name, arguments) for name, arguments in calls]
+
+
+def _llama3_calls(text: str) -> list[tuple[str, str]] | None:
+    """The calls in a reply of JSON objects separated by ";", or None if it is anything else."""
+    text = text.strip().removeprefix(Llama3JsonCalls.TAG)
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while True:
+        while at < len(text) and text[at] in " \t\r\n;":
+            at += 1
+        if at == len(text):
+            return calls or None
+        try:
+            call, at = decoder.raw_decode(text, at)
+            name = call["name"]
+            arguments = call.get("parameters", call.get("arguments", {}))
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        if not isinstance(name, str):
+            return None
+        calls.append((name, arguments if isinstance(arguments, str)
+                      else json.dumps(arguments, ensure_ascii=False)))
+
+
 def _partial_suffix(text: str, tag: str) -> int:
     """The length of the longest end of text that begins tag."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
@@ -213,7 +270,8 @@ def _hermes_call(body: str) -> tuple[str, str] | None:
 
 
 # --tool-call-parser's choices: how "auto" reads a model's calls.
-TOOL_CALL_PARSERS: dict[str, type[CallReader]] = {"hermes": HermesCalls}
+TOOL_CALL_PARSERS: dict[str, type[CallReader]] = {"hermes": HermesCalls,
+                                                   "llama3_json": Llama3JsonCalls}
 
 
 def call_reader(mode: str | None, parser: str | None, named: str | None = None
