@@ -101,6 +101,10 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    # vLLM's: the only tokens that may be emitted; words (strings) that may not be
+    # (sample/token_bans.py).
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -181,6 +185,14 @@ class SamplingParams:
                 or any(not isinstance(v, float) or not -100 <= v <= 100
                        for v in self.logit_bias.values())):
             bad("logit_bias must map token ids (integers >= 0) to numbers in [-100, 100]")
+        if self.allowed_token_ids is not None and (
+                not isinstance(self.allowed_token_ids, (list, tuple)) or not self.allowed_token_ids
+                or any(not _is_int(t) or t < 0 for t in self.allowed_token_ids)):
+            bad("allowed_token_ids must be a non-empty list of token ids (integers >= 0)")
+        if self.bad_words is not None and (
+                not isinstance(self.bad_words, (list, tuple))
+                or any(not isinstance(w, str) or not w.strip() for w in self.bad_words)):
+            bad("bad_words must be a list of non-blank strings")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs,
                                                                   StructuredOutputsParams):
             bad("structured_outputs must be a StructuredOutputsParams")

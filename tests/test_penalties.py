@@ -87,6 +87,10 @@ PENALISED = [
     SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, frequency_penalty=0.8,
                    presence_penalty=0.3),
     SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, logit_bias={11: 4.0}),
+    # The record's words banned (its name's last token after "item"), then only its tokens:
+    SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, bad_words=["item7", "ok"]),
+    SamplingParams(temperature=0, max_tokens=40, ignore_eos=True,
+                   allowed_token_ids=sorted(set(range(20, 3000)) - {28, 29, 30, 31})),
 ]
 
 
@@ -96,8 +100,9 @@ def test_speculation_under_penalties_is_lossless(llm):
     spec = LLM(dtype="float32", speculation_policy="static", kv_cache_memory=64 << 20,
                speculative_config={"method": "ngram", "num_speculative_tokens": 4,
                                    "prompt_lookup_max": 3})
-    want = [o.outputs[0].token_ids for o in llm.generate([COPY] * 3, PENALISED)]
-    got = [o.outputs[0].token_ids for o in spec.generate([COPY] * 3, PENALISED)]
+    prompts = [COPY] * len(PENALISED)
+    want = [o.outputs[0].token_ids for o in llm.generate(prompts, PENALISED)]
+    got = [o.outputs[0].token_ids for o in spec.generate(prompts, PENALISED)]
     assert got == want
     stats = spec.get_stats()
     assert stats["num_accepted_tokens"] > 0

@@ -303,6 +303,22 @@ def test_penalties_and_logit_bias(client: openai.OpenAI, llm):
     assert forced.choices[0].text == llm.get_tokenizer().decode([42] * 3)
 
 
+def test_bad_words_and_allowed_token_ids(client: openai.OpenAI, llm):
+    free, _, _ = offline_text(llm, PROMPTS[0], max_tokens=8)
+    word = free.split()[0]  # the word the model wants most: banned, it writes another
+    text, _, _ = offline_text(llm, PROMPTS[0], max_tokens=8, bad_words=[word])
+    resp = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=8,
+                                     temperature=0, extra_body={"bad_words": [word]})
+    assert resp.choices[0].text == text and word not in text.split()
+    allowed = llm.get_tokenizer()(" Paris Lyon and", add_special_tokens=False).input_ids
+    resp = client.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=6, logprobs=0,
+                                     temperature=1.0, seed=5,
+                                     extra_body={"allowed_token_ids": allowed,
+                                                 "return_tokens_as_token_ids": True})
+    tokens = [int(t.removeprefix("token_id:")) for t in resp.choices[0].logprobs.tokens]
+    assert len(tokens) == 6 and set(tokens) <= set(allowed)
+
+
 # ---- structured outputs ------------------------------------------------------------------------
 # The free reply to the prompt below copies its JSON; the schema asks for other keys.
 CITY = {"type": "object", "additionalProperties": False,
@@ -578,7 +594,7 @@ def test_text_chunk_with_usage_equals_the_pydantic_model():
 @pytest.mark.parametrize(("path", "extra", "name"), [
     ("/v1/completions", {"speculation": {"speculation_policy": "static"}}, "speculation_policy"),
     ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
-    ("/v1/completions", {"allowed_token_ids": [1, 2]}, "allowed_token_ids"),
+    ("/v1/completions", {"logits_processors": ["my.module:Processor"]}, "logits_processors"),
     ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
     ("/v1/chat/completions", {"chat_template": "{{ messages }}"}, "chat_template"),

@@ -45,6 +45,7 @@ from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.sample.emit import emit_tokens, mask_stops_before_min_tokens
 from specserve.sample.grammar import GrammarBackend, accept_emitted
 from specserve.sample.penalties import apply_penalties
+from specserve.sample.token_bans import apply_token_bans, bad_words_token_ids
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode import build_proposer
 from specserve.spec_decode.config import SpeculativeConfig
@@ -281,6 +282,8 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
         if params.logit_bias and max(params.logit_bias) >= vocab:
             raise ValueError(f"logit_bias token ids must be in [0, {vocab})")
+        if params.allowed_token_ids and max(params.allowed_token_ids) >= vocab:
+            raise ValueError(f"allowed_token_ids must be in [0, {vocab})")
         if params.stop_token_ids and max(params.stop_token_ids) >= vocab:
             # never sampled; with structured outputs xgrammar's matcher raised a RuntimeError
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
@@ -296,6 +299,8 @@ class LLMEngine:
                       prompt_text, self.max_model_len)
         if arrival_time is not None:
             req.arrival_time = min(arrival_time, req.arrival_time)
+        if params.bad_words:
+            req.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
         if params.structured_outputs is not None:
             req.grammar = self._grammar_backend().matcher(params.structured_outputs,
                                                           req.stop_token_ids)
@@ -387,6 +392,7 @@ class LLMEngine:
             for r in reqs) else logits
         mask_stops_before_min_tokens(logits, sampling)
         if any(r.processes_logits for r in reqs):
+            apply_token_bans(logits, sampling)
             apply_penalties(logits, sampling)
         emitted = emit_tokens(logits, [r.params for r in reqs], [r.generator for r in reqs],
                               num_spec, [r.spec_token_ids for r in reqs],

@@ -25,8 +25,10 @@ if TYPE_CHECKING:
 
 
 def has_logit_processing(params: SamplingParams) -> bool:
+    """Whether a request changes its logits before sampling: here, or in token_bans.py."""
     return bool(params.logit_bias) or params.presence_penalty != 0 \
-        or params.frequency_penalty != 0 or params.repetition_penalty != 1
+        or params.frequency_penalty != 0 or params.repetition_penalty != 1 \
+        or bool(params.allowed_token_ids) or bool(params.bad_words)
 
 
 def apply_penalties(logits: torch.Tensor, sampling: list[tuple[Request, int]]) -> None:

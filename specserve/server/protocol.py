@@ -134,8 +134,7 @@ class StructuredOutputsOptions(OpenAIModel):
 # vLLM's sampling extras that change the output and that we do not implement, with the values
 # that leave them off.
 _UNSUPPORTED_SAMPLING = {
-    "use_beam_search": (None, False), "allowed_token_ids": (None, []),
-    "bad_words": (None, []), "logits_processors": (None, []),
+    "use_beam_search": (None, False), "logits_processors": (None, []),
     "guided_whitespace_pattern": (None,),
 }
 
@@ -169,6 +168,11 @@ class SamplingRequest(OpenAIModel):
     ignore_eos: StrictBool = False
     repetition_penalty: Annotated[StrictFloat, Field(gt=0, le=_FLOAT32_MAX)] | None = None
     stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_LISTED_TOKENS)] | None = None
+    # The only tokens that may be emitted; words that may not (both vLLM's).
+    allowed_token_ids: Annotated[list[TokenId], Field(min_length=1,
+                                                      max_length=MAX_LISTED_TOKENS)] | None = None
+    bad_words: Annotated[list[Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]],
+                         Field(max_length=MAX_STOP_STRINGS)] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     # vLLM's: each prompt token's logprob (and this many top ones), in the response's
@@ -292,7 +296,8 @@ class SamplingRequest(OpenAIModel):
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=given(self.repetition_penalty, defaults.repetition_penalty),
-            logit_bias=self._bias_by_id)
+            logit_bias=self._bias_by_id, allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words or None)
 
 
 class CompletionRequest(SamplingRequest):
