@@ -180,7 +180,8 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
               engine_thread: bool = True, stream_interval: int = 1,
               allowed_origins: list[str] | None = None,
               max_request_bytes: int = 64 << 20,
-              tool_call_parser: str | None = None) -> FastAPI:
+              tool_call_parser: str | None = None,
+              reasoning_parser: str | None = None) -> FastAPI:
     """The FastAPI app around a loaded engine. The engine thread starts with the app's lifespan
     and stops with it, aborting whatever is still running."""
     model_name = served_model_name or engine.model_name
@@ -207,7 +208,8 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
     model_arg = engine.config.model
     aliases = (model_arg,) if model_arg and not served_model_name else ()
     app.state.serving = OpenAIServing(async_engine, model_name, server_metrics, aliases,
-                                      tool_call_parser=tool_call_parser)
+                                      tool_call_parser=tool_call_parser,
+                                      reasoning_parser=reasoning_parser)
     install_error_handlers(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
@@ -240,7 +242,7 @@ def run_server(args: argparse.Namespace) -> None:
                     stream_interval=args.stream_interval, allowed_origins=args.allowed_origins,
                     max_request_bytes=args.max_request_bytes,
                     tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice
-                    else None)
+                    else None, reasoning_parser=args.reasoning_parser)
     # uvicorn cancels the responses still open when its graceful timeout runs out (a cut
     # stream, a bare 500); the engine aborts them first (drain), and uvicorn waits a little
     # longer than that for them to end properly.

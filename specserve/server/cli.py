@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from specserve.server.reasoning import REASONING_PARSERS
 from specserve.server.tool_calls import TOOL_CALL_PARSERS
 
 
@@ -47,6 +48,10 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="how the model writes a tool call (hermes: <tool_call>{json}"
                         "</tool_call>, as Hermes and Qwen 2.5 models do; llama3_json: a reply "
                         "of JSON calls, as Llama 3.1-3.3 write them)")
+    p.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                   help="split a reasoning model's reply into reasoning_content and content "
+                        "(deepseek_r1: reasoning up to </think>, as DeepSeek-R1's distilled "
+                        "models and QwQ write it)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")

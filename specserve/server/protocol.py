@@ -473,6 +473,8 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
                            one_of('"none", "auto", "required" or {"type": "function", '
                                   '"function": {"name": ...}}')] = None
     parallel_tool_calls: StrictBool = True
+    # vLLM's: with --reasoning-parser, false leaves the reasoning out of the response.
+    include_reasoning: StrictBool = True
 
     @model_validator(mode="before")
     @classmethod
@@ -592,6 +594,7 @@ class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None  # with --reasoning-parser
 
 
 class DeltaFunctionCall(BaseModel):
@@ -640,12 +643,14 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer
     def _omit_unset(self) -> dict:
         # OpenAI sends {"role": ...} once, then {"content": ...}, then {}: absent, not null.
-        out: dict[str, Any] = {k: v for k, v in (("role", self.role), ("content", self.content))
+        out: dict[str, Any] = {k: v for k, v in (("role", self.role), ("content", self.content),
+                                                 ("reasoning_content", self.reasoning_content))
                                if v is not None}
         if self.tool_calls:
             out["tool_calls"] = [call.model_dump() for call in self.tool_calls]

@@ -63,6 +63,7 @@ from specserve.server.protocol import (
     TopLogprob,
     UsageInfo,
 )
+from specserve.server.reasoning import REASONING_PARSERS, ReasoningReader
 from specserve.server.streaming import (
     DeltaTracker,
     EventStreamResponse,
@@ -70,7 +71,7 @@ from specserve.server.streaming import (
     TextOffsets,
     collect_outputs,
 )
-from specserve.server.tool_calls import CallReader, call_reader, merge_calls
+from specserve.server.tool_calls import CallDelta, CallReader, call_reader, merge_calls
 
 # nginx's code for "client closed request": never seen by the client, only in access logs.
 _CLIENT_CLOSED = 499
@@ -85,11 +86,13 @@ class OpenAIServing:
 
     def __init__(self, engine: AsyncEngine, model_name: str,
                  metrics: ServerMetrics | None = None, aliases: tuple[str, ...] = (),
-                 tool_call_parser: str | None = None):
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None):
         self.engine = engine
         self.model_name = model_name
-        # How tool_choice "auto" reads the model's calls (None: such requests are refused).
+        # How tool_choice "auto" reads the model's calls (None: such requests are refused),
+        # and how a reply's reasoning is told from its answer (None: it is not).
         self.tool_call_parser = tool_call_parser
+        self.reasoning_parser = reasoning_parser
         # Other names a request may use for it: the model argument as the server was started
         # with it (vLLM's default served name, a path; ours is its last part).
         self._names = {model_name, *aliases}
@@ -216,7 +219,7 @@ class OpenAIServing:
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream)
         if req.stream:
-            events = self._chat_events(request_id, req, stream, len(prompt_ids))
+            events = self._chat_events(request_id, req, params, stream, len(prompt_ids))
             return EventStreamResponse(events, stream)
         outputs = await collect_outputs(stream, raw)
         if outputs is None:
@@ -228,12 +231,14 @@ class OpenAIServing:
                         else self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0,
                                                  req.return_tokens_as_token_ids))
             message, finish_reason = ChatResponseMessage(content=c.text), c.finish_reason
-            if (reader := self._call_reader(req)) is not None:
-                content, parts = reader.read(c.text)
+            if (reader := self._reply_reader(req, params)) is not None:
+                reasoning, content, parts = reader.feed(c.text, finished=True)
                 calls = [ToolCall(id=call_id, function=FunctionCall(name=name, arguments=args))
                          for call_id, name, args in merge_calls(parts)]
-                message = ChatResponseMessage(content=content, tool_calls=calls or None)
-                finish_reason = _tool_finish_reason(req, reader, finish_reason)
+                message = ChatResponseMessage(
+                    content=content or None, tool_calls=calls or None,
+                    reasoning_content=(reasoning or None) if req.include_reasoning else None)
+                finish_reason = reader.finish_reason(req, finish_reason)
             choices.append(ChatChoice(index=i, message=message, logprobs=logprobs,
                                       finish_reason=finish_reason, stop_reason=c.stop_reason))
         body = ChatCompletionResponse(
@@ -385,8 +390,8 @@ class OpenAIServing:
                                      choices=[], usage=_usage(num_prompt_tokens, final))
 
     async def _chat_events(self, request_id: str, req: ChatCompletionRequest,
-                           stream: OutputStream, num_prompt_tokens: int,
-                           ) -> AsyncIterator[BaseModel | str]:
+                           params: SamplingParams, stream: OutputStream,
+                           num_prompt_tokens: int) -> AsyncIterator[BaseModel | str]:
         created = int(time.time())
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None):
@@ -405,7 +410,9 @@ class OpenAIServing:
         final: list[RequestOutput | None] = [None] * num_choices
         text_chunk = TextChunk(lambda i, text: chunk(
             [ChatStreamChoice(index=i, delta=DeltaMessage(content=text))]))
-        readers = [self._call_reader(req) for _ in range(num_choices)]
+        reasoning_chunk = TextChunk(lambda i, text: chunk(
+            [ChatStreamChoice(index=i, delta=DeltaMessage(reasoning_content=text))]))
+        readers = [self._reply_reader(req, params) for _ in range(num_choices)]
         async for i, out in stream:
             c = out.outputs[0]
             text = deltas.text(i, c.text, out.finished)
@@ -415,21 +422,24 @@ class OpenAIServing:
             logprobs = (None if token_logprobs is None else
                         self._chat_logprobs(token_ids, token_logprobs, req.top_logprobs or 0,
                                             req.return_tokens_as_token_ids))
-            calls, finish_reason = [], c.finish_reason
-            if (reader := readers[i]) is not None:  # the reply read as text and tool calls
-                text, calls = reader.feed(text)
+            reasoning, calls, finish_reason = "", [], c.finish_reason
+            if (reader := readers[i]) is not None:  # reasoning, text and tool calls
+                reasoning, text, calls = reader.feed(text, out.finished)
                 if out.finished:
-                    rest, more = reader.finish()
-                    text, calls = text + rest, calls + more
-                    finish_reason = _tool_finish_reason(req, reader, finish_reason)
-            if not text and not calls and not out.finished and logprobs is None:
+                    finish_reason = reader.finish_reason(req, finish_reason)
+                if not req.include_reasoning:
+                    reasoning = ""
+            if not text and not calls and not reasoning and not out.finished and logprobs is None:
                 continue
             if out.finished:
                 final[i] = out
-            elif logprobs is None and not calls:  # the chunk of nearly every token: text only
-                yield text_chunk.render(i, text, num_tokens)
+            elif logprobs is None and not calls and not (text and reasoning):
+                # the chunk of nearly every token: text or reasoning only
+                yield (reasoning_chunk.render(i, reasoning, num_tokens) if reasoning
+                       else text_chunk.render(i, text, num_tokens))
                 continue
-            delta = DeltaMessage(content=text or None, tool_calls=[
+            delta = DeltaMessage(content=text or None, reasoning_content=reasoning or None,
+                                 tool_calls=[
                 DeltaToolCall(index=p.index, id=p.id, type="function" if p.id else None,
                               function=DeltaFunctionCall(name=p.name, arguments=p.arguments))
                 for p in calls] or None)
@@ -439,10 +449,15 @@ class OpenAIServing:
         if req.include_usage:
             yield chunk([], _usage(num_prompt_tokens, final))
 
-    def _call_reader(self, req: ChatCompletionRequest) -> CallReader | None:
-        """How one choice's reply is read (None: as text)."""
+    def _reply_reader(self, req: ChatCompletionRequest, params: SamplingParams
+                      ) -> _ReplyReader | None:
+        """How one choice's reply is read (None: as text). A reply under a structured output
+        has no reasoning: the grammar constrained all of it."""
         named = req.tool_choice.function.name if req.tool_mode == "named" else None
-        return call_reader(req.tool_mode, self.tool_call_parser, named)
+        calls = call_reader(req.tool_mode, self.tool_call_parser, named)
+        reasoning = (REASONING_PARSERS[self.reasoning_parser]()
+                     if self.reasoning_parser and params.structured_outputs is None else None)
+        return None if calls is None and reasoning is None else _ReplyReader(reasoning, calls)
 
     # ---- logprobs -----------------------------------------------------------------------------
     def _decode_token(self, token_id: int) -> str:
@@ -525,13 +540,36 @@ def _render_chat(tokenizer, req: ChatCompletionRequest | TokenizeRequest,
                        template_kwargs=req.chat_template_kwargs)
 
 
-def _tool_finish_reason(req: ChatCompletionRequest, reader: CallReader,
-                        finish_reason: str | None) -> str | None:
-    """OpenAI's: "tool_calls" when the model chose to call (auto) or had to (required) and
-    did; a named call ends as its reply ended ("stop")."""
-    if reader.num_calls and finish_reason == "stop" and req.tool_mode in ("auto", "required"):
-        return "tool_calls"
-    return finish_reason
+@dataclasses.dataclass(slots=True)
+class _ReplyReader:
+    """One chat choice's reply read as reasoning, then content and tool calls."""
+
+    reasoning: ReasoningReader | None
+    calls: CallReader | None
+
+    def feed(self, text: str, finished: bool) -> tuple[str, str, list[CallDelta]]:
+        """The reply's new text -> (reasoning, content, call parts); at its end, with what
+        the readers held back."""
+        reasoning, calls = "", []
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.feed(text)
+            if finished:
+                more, rest = self.reasoning.finish()
+                reasoning, text = reasoning + more, text + rest
+        if self.calls is not None:
+            text, calls = self.calls.feed(text)
+            if finished:
+                rest, more = self.calls.finish()
+                text, calls = text + rest, calls + more
+        return reasoning, text, calls
+
+    def finish_reason(self, req: ChatCompletionRequest, finish_reason: str | None) -> str | None:
+        """OpenAI's: "tool_calls" when the model chose to call (auto) or had to (required)
+        and did; a named call ends as its reply ended ("stop")."""
+        if (self.calls is not None and self.calls.num_calls and finish_reason == "stop"
+                and req.tool_mode in ("auto", "required")):
+            return "tool_calls"
+        return finish_reason
 
 
 @dataclasses.dataclass(slots=True)

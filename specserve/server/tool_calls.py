@@ -153,7 +153,7 @@ class HermesCalls(CallReader):
             if not self._in_call:
                 at = self._buf.find(self.START)
                 if at < 0:  # keep what may be the start of a tag
-                    keep = _partial_suffix(self._buf, self.START)
+                    keep = partial_suffix(self._buf, self.START)
                     content.append(self._text(self._buf[:len(self._buf) - keep]))
                     self._buf = self._buf[len(self._buf) - keep:]
                     return "".join(content), calls
@@ -248,7 +248,7 @@ def _llama3_calls(text: str) -> list[tuple[str, str]] | None:
                       else json.dumps(arguments, ensure_ascii=False)))
 
 
-def _partial_suffix(text: str, tag: str) -> int:
+def partial_suffix(text: str, tag: str) -> int:
     """The length of the longest end of text that begins tag."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):

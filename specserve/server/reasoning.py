@@ -1,0 +1,64 @@
+"""A reasoning model's reply split into its reasoning and its answer, as vLLM's
+`--reasoning-parser` splits it: the chat endpoint returns the first as `reasoning_content`
+(DeepSeek's API name, which most clients read) and the second as `content`.
+
+A ReasoningReader reads one choice's reply, streamed or whole (fed once): both give the same
+split. A reply under a structured output (a forced tool call, a JSON schema) is not split: the
+grammar constrained all of it, so none of it is reasoning.
+"""
+
+from __future__ import annotations
+
+from specserve.server.tool_calls import partial_suffix
+
+
+class ReasoningReader:
+    """DeepSeek-R1's format (its distilled Llama and Qwen models, QwQ): the reasoning ends at
+    `</think>`; the chat template opens `<think>` in the prompt, and a reply that writes it
+    anyway has it left out. A reply without `</think>` was cut short while reasoning: all of
+    it is reasoning (vLLM's `deepseek_r1` parser)."""
+
+    START, END = "<think>", "</think>"
+
+    def __init__(self) -> None:
+        self._buf = ""
+        self._started = False  # whether the reply's start is known not to be (part of) START
+        self._answering = False
+
+    def feed(self, text: str) -> tuple[str, str]:
+        """The reply's new text -> (new reasoning, new content)."""
+        if self._answering:
+            return "", text
+        self._buf += text
+        if not self._started:
+            head = self._buf.lstrip()
+            if self.START.startswith(head):  # maybe the start of START: wait
+                return "", ""
+            self._started = True
+            if head.startswith(self.START):
+                self._buf = head[len(self.START):]
+        at = self._buf.find(self.END)
+        if at >= 0:
+            reasoning, content = self._buf[:at], self._buf[at + len(self.END):]
+            self._buf, self._answering = "", True
+            return reasoning, content
+        keep = partial_suffix(self._buf, self.END)  # maybe the start of END
+        reasoning, self._buf = self._buf[:len(self._buf) - keep], self._buf[len(self._buf) - keep:]
+        return reasoning, ""
+
+    def finish(self) -> tuple[str, str]:
+        """What was held back, at the reply's end: reasoning (the reply stopped in it)."""
+        rest, self._buf = self._buf, ""
+        if not self._started and rest.strip() == self.START:
+            rest = ""
+        return rest, ""
+
+    def read(self, text: str) -> tuple[str | None, str | None]:
+        """A whole reply: (reasoning, content), None where empty."""
+        reasoning, content = self.feed(text)
+        more, rest = self.finish()
+        return (reasoning + more) or None, (content + rest) or None
+
+
+# --reasoning-parser's choices.
+REASONING_PARSERS: dict[str, type[ReasoningReader]] = {"deepseek_r1": ReasoningReader}

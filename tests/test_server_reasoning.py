@@ -1,0 +1,131 @@
+"""--reasoning-parser deepseek_r1: a reply split into reasoning_content and content, streamed in
+any pieces as read whole, chained with a tool-call parser, and on a live server against the
+offline engine's text (greedy, fp32)."""
+
+from __future__ import annotations
+
+import random
+
+import openai
+import pytest
+import torch
+from test_server import MODEL, MODEL_FLAGS, LiveServer
+
+from specserve import SamplingParams
+from specserve.server.reasoning import ReasoningReader
+from specserve.server.serving import _ReplyReader
+from specserve.server.tool_calls import HermesCalls, merge_calls
+
+REPLIES = {
+    "<think>\nAdd them.\n</think>\n\n4": ("\nAdd them.\n", "\n\n4"),
+    "Add them.</think>4": ("Add them.", "4"),  # the template opened <think>
+    "cut short while reasoning": ("cut short while reasoning", None),
+    "  <think>x</think>y": ("x", "y"),
+    "</think>only an answer": (None, "only an answer"),
+    "<think>": (None, None),
+    "<thin": ("<thin", None),
+    "ends in a partial tag </thi": ("ends in a partial tag </thi", None),
+    "a</think>b</think>c": ("a", "b</think>c"),  # the first closes the reasoning
+}
+
+
+def _streamed(text: str, cuts: list[int]) -> tuple[str | None, str | None]:
+    reader, reasoning, content = ReasoningReader(), [], []
+    for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
+        r, c = reader.feed(text[a:b])
+        reasoning.append(r)
+        content.append(c)
+    r, c = reader.finish()
+    return "".join(reasoning) + r or None, "".join(content) + c or None
+
+
+@pytest.mark.parametrize("text", REPLIES)
+def test_a_reply_streamed_in_any_pieces_splits_as_the_whole(text: str):
+    assert ReasoningReader().read(text) == REPLIES[text]
+    rng = random.Random(1)
+    for cuts in [list(range(1, len(text))),
+                 *(sorted(rng.sample(range(1, len(text)), min(k, len(text) - 1)))
+                   for k in (1, 2, 5))]:
+        assert _streamed(text, cuts) == REPLIES[text], cuts
+
+
+def test_reasoning_then_tool_calls():
+    text = ('I should look it up.</think>Sure. <tool_call>{"name": "get_weather", '
+            '"arguments": {"city": "Oslo"}}</tool_call>')
+    for cuts in (list(range(1, len(text))), [20, 40]):
+        reader = _ReplyReader(ReasoningReader(), HermesCalls())
+        reasoning, content, parts = [], [], []
+        bounds = list(zip([0, *cuts], [*cuts, len(text)], strict=True))
+        for n, (a, b) in enumerate(bounds):
+            r, c, p = reader.feed(text[a:b], finished=n == len(bounds) - 1)
+            reasoning.append(r)
+            content.append(c)
+            parts += p
+        assert "".join(reasoning) == "I should look it up."
+        assert "".join(content) == "Sure."
+        assert [(n, a) for _, n, a in merge_calls(parts)] == [("get_weather",
+                                                               '{"city": "Oslo"}')]
+
+
+# ---- a live server ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def client() -> openai.OpenAI:
+    live = LiveServer(*MODEL_FLAGS, "--reasoning-parser", "deepseek_r1")
+    yield openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0,
+                        timeout=120)
+    live.stop()
+
+
+# SmolLM2 does not reason; continuing this assistant message, it writes a reply that closes the
+# reasoning partway (" c.</think>Done.\nThink: a b"), as a reasoning model's does.
+PATTERN = [{"role": "user", "content": "Think, then answer."},
+           {"role": "assistant", "content": "Think: a b c.</think>Done.\nThink: a b c.</think>"
+                                            "Done.\nThink: a b"}]
+CONTINUE = {"add_generation_prompt": False, "continue_final_message": True}
+
+
+def _offline(llm, messages, **kw) -> str:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the server (MODEL_FLAGS)
+    try:
+        chat_kw = CONTINUE if messages is PATTERN else {}
+        return llm.chat(messages, SamplingParams(temperature=0, **kw), **chat_kw)[0].outputs[0].text
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_server_splits_the_offline_reply(client: openai.OpenAI, llm):
+    text = _offline(llm, PATTERN, max_tokens=12)
+    reasoning, content = ReasoningReader().read(text)
+    assert reasoning and content  # the reply did close its reasoning
+    resp = client.chat.completions.create(model=MODEL, messages=PATTERN, max_tokens=12,
+                                          temperature=0, extra_body=CONTINUE)
+    message = resp.choices[0].message
+    assert (message.reasoning_content, message.content) == (reasoning, content)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=PATTERN, max_tokens=12,
+                                                 temperature=0, stream=True,
+                                                 extra_body=CONTINUE))
+    deltas = [c.choices[0].delta for c in chunks]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == reasoning
+    assert "".join(d.content or "" for d in deltas) == content
+    hidden = client.chat.completions.create(model=MODEL, messages=PATTERN, max_tokens=12,
+                                            temperature=0,
+                                            extra_body={**CONTINUE, "include_reasoning": False})
+    assert hidden.choices[0].message.content == content
+    assert getattr(hidden.choices[0].message, "reasoning_content", None) is None
+
+
+def test_a_reply_cut_short_is_all_reasoning_and_a_structured_one_all_content(
+        client: openai.OpenAI, llm):
+    messages = [{"role": "user", "content": "Name three primary colors."}]
+    text = _offline(llm, messages, max_tokens=8)
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
+                                          temperature=0)
+    message = resp.choices[0].message
+    assert message.reasoning_content == text and message.content is None
+    # Under a grammar the whole reply was constrained: none of it is reasoning.
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
+                                          temperature=0,
+                                          extra_body={"structured_outputs": {"choice": ["red"]}})
+    message = resp.choices[0].message
+    assert message.content == "red" and getattr(message, "reasoning_content", None) is None
