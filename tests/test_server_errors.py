@@ -165,6 +165,16 @@ BAD_REQUESTS = [
     pytest.param(CHAT, chat(messages=[{"role": "assistant", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{bad"}}]}]),
                  JSON, 400, id="tool-call-arguments-not-json"),
+    pytest.param(CHAT, chat(messages=[{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]),
+                 JSON, 400, id="tool-call-arguments-not-an-object"),
+    pytest.param(CHAT, chat(messages=[{"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f",
+                                                      "arguments": "[" * 100_000}}]}]),
+                 JSON, 400, id="tool-call-arguments-nested-too-deep"),
+    pytest.param(CHAT, chat(tools=[{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "$defs": None}}}], tool_choice="required"),
+                 JSON, 400, id="tool-parameters-defs-not-an-object"),
     pytest.param(CHAT, chat(messages=[{"role": "user", "content": "x", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]),
                  JSON, 400, id="tool-calls-on-a-user-message"),
@@ -463,9 +473,7 @@ def test_serve_refuses_out_of_range_flags(flag, capsys):
     assert (args.max_queue, args.shutdown_timeout) == (0, 0.0)
 
 
-@pytest.mark.parametrize("flags", [["--enable-auto-tool-choice"],
-                                   ["--tool-call-parser", "hermes"]])
-def test_serve_refuses_tool_flags_that_would_do_nothing(flags):
+def test_serve_refuses_auto_tool_choice_without_a_parser(caplog):
     import argparse
 
     from specserve.server.cli import add_serve_args, check_tool_flags
@@ -473,9 +481,11 @@ def test_serve_refuses_tool_flags_that_would_do_nothing(flags):
     parser = argparse.ArgumentParser()
     add_serve_args(parser)
     with pytest.raises(SystemExit, match="--tool-call-parser"):
-        check_tool_flags(parser.parse_args(flags))
+        check_tool_flags(parser.parse_args(["--enable-auto-tool-choice"]))
     check_tool_flags(parser.parse_args(["--enable-auto-tool-choice", "--tool-call-parser",
                                         "hermes"]))
+    check_tool_flags(parser.parse_args(["--tool-call-parser", "hermes"]))  # as vLLM: starts
+    assert "read only with --enable-auto-tool-choice" in caplog.text
 
 
 def test_a_server_whose_engine_failed_exits_with_the_cause():

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import re
 
 import httpx
 import openai
@@ -136,6 +137,38 @@ def test_hermes_reply_contents_and_calls():
         assert len(set(ids)) == len(ids) and all(i.startswith("call_") for i in ids)
 
 
+def test_hermes_edge_cases():
+    # A call that does not parse keeps the whitespace before it: the text as written.
+    assert HermesCalls().read("  <tool_call>bad</tool_call>") == (
+        "  <tool_call>bad</tool_call>", [])
+    # parallel_tool_calls false: the first call only (vLLM keeps the first too).
+    content, parts = HermesCalls(max_calls=1).read(REPLIES[2])
+    assert content is None and [n for _, n, _ in merge_calls(parts)] == ["get_weather"]
+    assert json.loads(merge_calls(parts)[0][2]) == {"city": "Paris"}
+    # A lone surrogate escape stays escaped (UTF-8 cannot carry it); NaN is not JSON.
+    content, parts = HermesCalls().read(
+        '<tool_call>{"name": "f", "arguments": {"x": "\\ud800 é"}}</tool_call>')
+    arguments = merge_calls(parts)[0][2]
+    assert arguments == '{"x": "\\ud800 \\u00e9"}' and arguments.encode("utf-8")
+    nan = '<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>'
+    assert HermesCalls().read(nan) == (nan, [])
+    # Nesting too deep to read is not a call, not an error.
+    deep = "<tool_call>" + "[" * 100_000 + "</tool_call>"
+    assert HermesCalls().read(deep) == (deep, [])
+    assert RequiredCalls().read("[" * 100_000) == ("[" * 100_000, [])
+    assert Llama3JsonCalls().read("{" * 100_000)[1] == []
+
+
+def test_a_long_call_is_read_in_pieces_as_whole():
+    """A call's body arrives over many steps; its closing tag split across them."""
+    body = '{"name": "f", "arguments": {"text": "' + "word " * 2000 + '"}}'
+    text = "<tool_call>" + body + "</tool_call>"
+    for step in (1, 3, 7):
+        content, parts = _streamed(HermesCalls(), text, list(range(step, len(text), step)))
+        assert content is None and merge_calls(parts)[0][2] == json.dumps(
+            json.loads(body)["arguments"])
+
+
 def test_named_and_required_readers():
     reader = NamedCall("get_weather")
     _, parts = _streamed(reader, '{"city": "Paris"}', [3, 9])
@@ -149,6 +182,45 @@ def test_named_and_required_readers():
         ("get_time", {"timezone": "UTC"}), ("get_weather", {"city": "Oslo", "unit": "celsius"})]
     cut = '[{"name": "get_time", "parame'  # cut short: returned as text, no call
     assert RequiredCalls().read(cut) == (cut, [])
+
+
+def test_calls_schema_repoints_references_and_compiles(llm):
+    """A recursive tool ("#") and one with definitions: the nested schemas compile, and the
+    engine's replies under them follow the tools' own schemas."""
+    tree = {"type": "object", "properties": {
+        "label": {"type": "string", "maxLength": 8},
+        "children": {"type": "array", "maxItems": 1, "items": {"$ref": "#"}}},
+        "required": ["label", "children"], "additionalProperties": False}
+    place = {"type": "object", "properties": {"where": {"$ref": "#/$defs/Place"}},
+             "required": ["where"], "$defs": {"Place": {"enum": ["home", "work"]}}}
+    schema = calls_schema([("tree", tree), ("go", place)])
+    assert schema["items"]["anyOf"][0]["properties"]["parameters"]["properties"]["children"][
+        "items"] == {"$ref": "#/items/anyOf/0/properties/parameters"}
+    out = llm.chat(MESSAGES, SamplingParams(
+        temperature=0, max_tokens=96,
+        structured_outputs=StructuredOutputsParams(json=schema)))[0].outputs[0]
+    # The model grows the tree until max_tokens; its children are trees, not calls (as they
+    # were when "#" pointed at the array of calls).
+    assert re.match(r'\[\s*\{\s*"name":\s*"tree"', out.text)
+    assert re.search(r'"children":\s*\[\s*\{\s*"label"', out.text)
+    go = llm.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=96, structured_outputs=(
+        StructuredOutputsParams(json=calls_schema([("go", place)])))))[0].outputs[0]
+    assert json.loads(go.text)[0]["parameters"]["where"] in ("home", "work")
+
+
+def test_required_request_constrains_to_calls_of_its_tools():
+    from specserve.server.protocol import ChatCompletionRequest
+
+    body = {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "required"}
+    schema = ChatCompletionRequest.model_validate(body)._structured.json
+    assert [v["properties"]["name"]["enum"] for v in schema["items"]["anyOf"]] == [
+        ["get_weather"], ["get_time"]]
+    assert "maxItems" not in schema
+    one = ChatCompletionRequest.model_validate({**body, "parallel_tool_calls": False})
+    assert one._structured.json["maxItems"] == 1
+    named = ChatCompletionRequest.model_validate(
+        {**body, "tool_choice": {"type": "function", "function": {"name": "get_time"}}})
+    assert named._structured.json == CLOCK
 
 
 def test_calls_schema_moves_definitions_to_its_root():
@@ -256,6 +328,31 @@ def test_required_calls_are_the_offline_engines(client: openai.OpenAI, offline):
         assert parallel or len(expected) == 1
 
 
+def test_required_calls_streamed_and_n_choices_with_logprobs(client: openai.OpenAI):
+    body = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "tool_choice": "required",
+            "max_tokens": 96, "temperature": 0}
+    whole = client.chat.completions.create(**body).choices[0].message.tool_calls
+    chunks = list(client.chat.completions.create(**body, stream=True))
+    parts = [p for c in chunks for p in c.choices[0].delta.tool_calls or ()]
+    assert [(p.index, p.function.name, p.function.arguments) for p in parts] == [
+        (k, c.function.name, c.function.arguments) for k, c in enumerate(whole)]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    # Two sampled choices of a named call, streamed with logprobs: each its own call.
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice=choice, max_tokens=64,
+        temperature=1.0, seed=4, n=2, logprobs=True, stream=True))
+    for i in range(2):
+        mine = [c.choices[0] for c in chunks if c.choices and c.choices[0].index == i]
+        parts = [p for c in mine for p in c.delta.tool_calls or ()]
+        assert parts[0].id and all(p.index == 0 for p in parts)
+        text = "".join(p.function.arguments for p in parts)
+        assert set(json.loads(text)) == {"city", "unit"}
+        # The logprobs cover the reply's tokens, in the chunks that carry them.
+        tokens = "".join(t.token for c in mine if c.logprobs for t in c.logprobs.content)
+        assert tokens.removesuffix("<|im_end|>") == text
+
+
 # The hermes parser reads the model's own calls. A 135M model does not write any, so the reply is
 # forced to one (a structured output) here; the parser and server cannot tell the difference.
 FORCED = "Sure. " + CALL.replace('"Paris"}', '"Paris", "unit": "celsius"}')
@@ -279,6 +376,17 @@ def test_auto_reads_the_models_own_calls_streamed_and_not(client: openai.OpenAI,
     assert (parts[0].function.name, parts[0].function.arguments) == (
         "get_weather", message.tool_calls[0].function.arguments)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_auto_without_parallel_calls_keeps_the_first(client: openai.OpenAI):
+    two = FORCED + "\n" + CALL.replace('"Paris"}', '"Oslo", "unit": "celsius"}')
+    body = {"model": MODEL, "messages": MESSAGES, "tools": TOOLS, "max_tokens": 200,
+            "temperature": 0, "extra_body": {"structured_outputs": {"choice": [two]}}}
+    calls = client.chat.completions.create(**body).choices[0].message.tool_calls
+    assert [json.loads(c.function.arguments)["city"] for c in calls] == ["Paris", "Oslo"]
+    one = client.chat.completions.create(**body, parallel_tool_calls=False)
+    assert [json.loads(c.function.arguments)["city"]
+            for c in one.choices[0].message.tool_calls] == ["Paris"]
 
 
 def test_auto_without_a_call_is_the_offline_text(client: openai.OpenAI, offline):

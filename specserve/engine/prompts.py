@@ -120,10 +120,12 @@ def render_chat(tokenizer, messages: list[dict], *, add_generation_prompt: bool 
     except TemplateError as exc:  # e.g. a template that rejects the order of roles
         raise ValueError(f"the chat template refused these messages: {exc}") from exc
     except TypeError as exc:
-        if not template_kwargs:
+        if not (template_kwargs or tools or any(m.get("tool_calls") for m in messages)):
             raise
-        # a template variable the client set to the wrong JSON type: the client's mistake
-        raise ValueError(f"the chat template failed on chat_template_kwargs: {exc}") from exc
+        # a template variable, a tool or an earlier call the client gave the wrong JSON type
+        # (a template iterating over a schema's properties): the client's mistake
+        raise ValueError(f"the chat template failed on this request's variables, tools or "
+                         f"earlier calls: {exc}") from exc
 
 
 def _text_content(message: dict) -> dict:

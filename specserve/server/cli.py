@@ -6,6 +6,7 @@ Nothing heavy is imported here: `specserve --help` must stay fast.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from specserve.server.reasoning import REASONING_PARSERS
@@ -58,12 +59,15 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
 
 
 def check_tool_flags(args: argparse.Namespace) -> None:
-    """Refuse, before the model loads, tool flags that would do nothing."""
+    """Refuse, before the model loads, a tool flag that would do nothing."""
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser (one of "
                          f"{', '.join(sorted(TOOL_CALL_PARSERS))})")
     if args.tool_call_parser is not None and not args.enable_auto_tool_choice:
-        raise SystemExit("--tool-call-parser is read only with --enable-auto-tool-choice")
+        # vLLM starts so too: a script written for it must start here
+        logging.getLogger("specserve").warning(
+            "--tool-call-parser is read only with --enable-auto-tool-choice: tool_choice "
+            '"auto" will be refused')
 
 
 def positive_int(text: str) -> int:

@@ -9,7 +9,6 @@ our own objects (`speculation`, `structured_outputs`). Structured outputs come a
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -31,7 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from specserve.sampling_params import SamplingParams, StructuredOutputsParams
-from specserve.server.tool_calls import arguments_schema, calls_schema
+from specserve.server.tool_calls import arguments_schema, calls_schema, loads
 
 MAX_N = 128  # OpenAI's limit on choices per request
 MAX_LOGPROBS = 20
@@ -426,12 +425,16 @@ class ChatMessage(OpenAIModel):
         return message
 
 
-def _arguments_object(arguments: str) -> Any:
+def _arguments_object(arguments: str) -> dict:
+    """OpenAI's arguments: the JSON text of an object (a template may iterate over it)."""
     try:
-        return json.loads(arguments)
+        value = loads(arguments)
     except ValueError:
-        raise ValueError(f"a tool call's arguments must be JSON text, got {arguments[:80]!r}"
-                         ) from None
+        value = None
+    if not isinstance(value, dict):
+        raise ValueError(f"a tool call's arguments must be the JSON text of an object, got "
+                         f"{arguments[:80]!r}")
+    return value
 
 
 # Chat fields of OpenAI's and vLLM's that change the output and that we do not implement, with

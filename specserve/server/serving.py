@@ -454,7 +454,8 @@ class OpenAIServing:
         """How one choice's reply is read (None: as text). A reply under a structured output
         has no reasoning: the grammar constrained all of it."""
         named = req.tool_choice.function.name if req.tool_mode == "named" else None
-        calls = call_reader(req.tool_mode, self.tool_call_parser, named)
+        calls = call_reader(req.tool_mode, self.tool_call_parser, named,
+                            req.parallel_tool_calls)
         reasoning = (REASONING_PARSERS[self.reasoning_parser]()
                      if self.reasoning_parser and params.structured_outputs is None else None)
         return None if calls is None and reasoning is None else _ReplyReader(reasoning, calls)

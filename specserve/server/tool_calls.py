@@ -19,28 +19,36 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-_EMPTY_OBJECT = {"type": "object", "properties": {}}
-
 
 def arguments_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
     """What a named call's reply is constrained to: the function's parameters."""
-    return parameters if parameters else _EMPTY_OBJECT
+    return parameters if parameters else {"type": "object", "properties": {}}
 
 
 def calls_schema(tools: list[tuple[str, dict[str, Any] | None]],
                  parallel: bool = True) -> dict[str, Any]:
     """What tool_choice "required" constrains the reply to: a JSON array of one or more
     {"name", "parameters"} objects, each naming one of the tools with its parameters (one call
-    only, without parallel calls). Definitions a parameters schema refers to ($defs, at its
-    root) move to the root of this one, where its references then point."""
-    defs: dict[str, Any] = {}
+    only, without parallel calls). The definitions a parameters schema keeps at its root
+    ($defs, definitions) move to the root of this one, where references to them point; its
+    other local references ("#", "#/properties/...") are re-pointed to where it now lies."""
+    defs: dict[str, dict[str, Any]] = {}
     variants = []
-    for name, parameters in tools:
+    for i, (name, parameters) in enumerate(tools):
         parameters = dict(arguments_schema(parameters))
-        for key in ("$defs", "definitions"):
-            for def_name, definition in parameters.pop(key, {}).items():
-                if defs.setdefault(key, {}).setdefault(def_name, definition) != definition:
-                    raise ValueError(f"two tools define {key}/{def_name} differently")
+        here = f"#/items/anyOf/{i}/properties/parameters"
+        try:
+            for key in ("$defs", "definitions"):
+                own = parameters.pop(key, {})
+                if not isinstance(own, dict):
+                    raise ValueError(f"{name}'s parameters: {key} must be an object")
+                for def_name, definition in own.items():
+                    definition = _nest_refs(definition, here)
+                    if defs.setdefault(key, {}).setdefault(def_name, definition) != definition:
+                        raise ValueError(f"two tools define {key}/{def_name} differently")
+            parameters = _nest_refs(parameters, here)
+        except RecursionError:
+            raise ValueError(f"{name}'s parameters are nested too deeply") from None
         variants.append({"type": "object", "additionalProperties": False,
                          "properties": {"name": {"type": "string", "enum": [name]},
                                         "parameters": parameters},
@@ -51,8 +59,59 @@ def calls_schema(tools: list[tuple[str, dict[str, Any] | None]],
     return {**schema, **defs}
 
 
+def _nest_refs(schema: Any, here: str) -> Any:
+    """schema, with its local references to anything but a root definition prefixed by
+    `here`, the JSON pointer of where the schema now lies."""
+    if isinstance(schema, list):
+        return [_nest_refs(v, here) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if (key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/"))
+                and not value.startswith(("#/$defs/", "#/definitions/"))):
+            out[key] = here + value[1:]
+        else:
+            out[key] = _nest_refs(value, here)
+    return out
+
+
 def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def loads(text: str) -> Any:
+    """JSON text, strictly: ValueError for anything that is not JSON (NaN and Infinity
+    included) or that nests too deeply to read."""
+    try:
+        return json.loads(text, parse_constant=_not_json)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def dumps(value: Any) -> str:
+    """JSON text of a value read from the model, its characters as written; a lone surrogate
+    (an escape the model wrote, which UTF-8 cannot carry) stays escaped."""
+    text = json.dumps(value, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(value)
+    return text
+
+
+def _valid_name(name: Any) -> bool:
+    if not isinstance(name, str):
+        return False
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass(slots=True)
@@ -70,8 +129,10 @@ class CallReader:
     """One choice's reply read as text and tool calls. feed() takes the reply's new text and
     returns (text for the content, call parts); finish() returns what was held back."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_calls: int | None = None) -> None:
         self.num_calls = 0
+        # parallel_tool_calls false: 1; later calls are dropped (vLLM keeps the first too)
+        self.max_calls = max_calls
 
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
         raise NotImplementedError
@@ -79,10 +140,14 @@ class CallReader:
     def finish(self) -> tuple[str, list[CallDelta]]:
         return "", []
 
-    def _call(self, name: str, arguments: str) -> CallDelta:
-        """A whole call, the next one."""
-        self.num_calls += 1
-        return CallDelta(self.num_calls - 1, arguments, new_call_id(), name)
+    def _calls(self, calls: list[tuple[str, str]]) -> list[CallDelta]:
+        """Whole calls, the next ones, as many as max_calls still allows."""
+        if self.max_calls is not None:
+            calls = calls[:max(0, self.max_calls - self.num_calls)]
+        parts = [CallDelta(self.num_calls + i, arguments, new_call_id(), name)
+                 for i, (name, arguments) in enumerate(calls)]
+        self.num_calls += len(parts)
+        return parts
 
     def read(self, text: str) -> tuple[str | None, list[CallDelta]]:
         """A whole reply: its content (None when it is empty) and its calls."""
@@ -101,7 +166,7 @@ class NamedCall(CallReader):
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
         if self.num_calls:
             return "", [CallDelta(0, text)] if text else []
-        return "", [self._call(self.name, text)]
+        return "", self._calls([(self.name, text)])
 
     def finish(self) -> tuple[str, list[CallDelta]]:
         return self.feed("") if not self.num_calls else ("", [])
@@ -111,8 +176,8 @@ class RequiredCalls(CallReader):
     """tool_choice "required": the reply is a JSON array of calls, sent when it is complete. A
     reply that does not parse (cut short by max_tokens) is returned as content."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, max_calls: int | None = None) -> None:
+        super().__init__(max_calls)
         self._text: list[str] = []
 
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
@@ -122,11 +187,12 @@ class RequiredCalls(CallReader):
     def finish(self) -> tuple[str, list[CallDelta]]:
         text = "".join(self._text)
         try:
-            calls = [(c["name"], c["parameters"]) for c in json.loads(text)]
+            calls = [(c["name"], dumps(c["parameters"])) for c in loads(text)]
         except (ValueError, TypeError, KeyError):
             return text, []
-        return "", [self._call(name, json.dumps(parameters, ensure_ascii=False))
-                    for name, parameters in calls]
+        if not all(_valid_name(name) for name, _ in calls):
+            return text, []
+        return "", self._calls(calls)
 
 
 class HermesCalls(CallReader):
@@ -139,43 +205,60 @@ class HermesCalls(CallReader):
 
     START, END = "<tool_call>", "</tool_call>"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._buf = ""
-        self._in_call = False
+    def __init__(self, max_calls: int | None = None) -> None:
+        super().__init__(max_calls)
+        self._buf = ""  # outside a call: what may be the start of a tag
+        self._body: list[str] | None = None  # inside a call: its text so far, in pieces
+        self._tail = ""  # the body's last characters, where a closing tag may have begun
         self._space = ""  # whitespace held until more text follows it
+        self._space_before = ""  # the whitespace held when the open call began
         self._said = False  # whether any content went out
 
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
-        self._buf += text
         content, calls = [], []
         while True:
-            if not self._in_call:
-                at = self._buf.find(self.START)
+            if self._body is None:
+                text, self._buf = self._buf + text, ""
+                at = text.find(self.START)
                 if at < 0:  # keep what may be the start of a tag
-                    keep = partial_suffix(self._buf, self.START)
-                    content.append(self._text(self._buf[:len(self._buf) - keep]))
-                    self._buf = self._buf[len(self._buf) - keep:]
+                    keep = partial_suffix(text, self.START)
+                    content.append(self._text(text[:len(text) - keep]))
+                    self._buf = text[len(text) - keep:]
                     return "".join(content), calls
-                content.append(self._text(self._buf[:at]))
+                content.append(self._text(text[:at]))
+                self._space_before = self._space
                 if not self._said:  # whitespace before the first call and any content
                     self._space = ""
-                self._buf, self._in_call = self._buf[at + len(self.START):], True
+                self._body, self._tail, text = [], "", text[at + len(self.START):]
             else:
-                at = self._buf.find(self.END)
+                # Search only the new text and the few characters before it: a long call
+                # is scanned once, not once per step.
+                window = self._tail + text
+                at = window.find(self.END)
                 if at < 0:
+                    self._body.append(text)
+                    self._tail = window[-(len(self.END) - 1):]
                     return "".join(content), calls
-                body, self._buf = self._buf[:at], self._buf[at + len(self.END):]
-                self._in_call = False
+                body = "".join(self._body) + text
+                end = len(body) - len(window) + at
+                body, text = body[:end], body[end + len(self.END):]
+                self._body = None
                 call = _hermes_call(body)
-                if call is None:
+                if call is None:  # not a call: content, with the whitespace before it
+                    if not self._said:
+                        self._space = self._space_before
                     content.append(self._text(self.START + body + self.END))
                 else:
-                    calls.append(self._call(*call))
+                    calls += self._calls([call])
 
     def finish(self) -> tuple[str, list[CallDelta]]:
-        rest = self.START + self._buf if self._in_call else self._buf  # an unclosed call
-        self._buf, self._in_call = "", False
+        if self._body is not None:  # an unclosed call: content
+            if not self._said:
+                self._space = self._space_before
+            rest = self.START + "".join(self._body)
+        else:
+            rest = self._buf
+        self._buf, self._body = "", None
         text = self._text(rest)
         return (text if self.num_calls else text + self._space), []
 
@@ -200,37 +283,41 @@ class Llama3JsonCalls(CallReader):
 
     TAG = "<|python_tag|>"
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, max_calls: int | None = None) -> None:
+        super().__init__(max_calls)
         self._head = ""  # the reply until it is known to be text or calls
-        self._calls: bool | None = None  # undecided
+        self._held: list[str] = []  # a reply that is calls, in pieces
+        self._is_calls: bool | None = None  # undecided
 
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
-        if self._calls is False:
+        if self._is_calls is False:
             return text, []
+        if self._is_calls:
+            self._held.append(text)
+            return "", []
         self._head += text
-        if self._calls is None:
-            start = self._head.lstrip()
-            if start.startswith(("{", self.TAG)):
-                self._calls = True
-            elif start and not self.TAG.startswith(start):
-                self._calls = False
-                text, self._head = self._head, ""
-                return text, []
+        start = self._head.lstrip()
+        if start.startswith(("{", self.TAG)):
+            self._is_calls, self._held, self._head = True, [self._head], ""
+        elif start and not self.TAG.startswith(start):
+            self._is_calls = False
+            text, self._head = self._head, ""
+            return text, []
         return "", []
 
     def finish(self) -> tuple[str, list[CallDelta]]:
-        text, self._head = self._head, ""
-        calls = _llama3_calls(text) if self._calls else None
+        text = self._head + "".join(self._held)
+        self._head, self._held = "", []
+        calls = _llama3_calls(text) if self._is_calls else None
         if calls is None:
             return text, []
-        return "", [self._call(name, arguments) for name, arguments in calls]
+        return "", self._calls(calls)
 
 
 def _llama3_calls(text: str) -> list[tuple[str, str]] | None:
     """The calls in a reply of JSON objects separated by ";", or None if it is anything else."""
     text = text.strip().removeprefix(Llama3JsonCalls.TAG)
-    decoder, calls, at = json.JSONDecoder(), [], 0
+    decoder, calls, at = json.JSONDecoder(parse_constant=_not_json), [], 0
     while True:
         while at < len(text) and text[at] in " \t\r\n;":
             at += 1
@@ -240,12 +327,11 @@ def _llama3_calls(text: str) -> list[tuple[str, str]] | None:
             call, at = decoder.raw_decode(text, at)
             name = call["name"]
             arguments = call.get("parameters", call.get("arguments", {}))
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
             return None
-        if not isinstance(name, str):
+        if not _valid_name(name):
             return None
-        calls.append((name, arguments if isinstance(arguments, str)
-                      else json.dumps(arguments, ensure_ascii=False)))
+        calls.append((name, arguments if isinstance(arguments, str) else dumps(arguments)))
 
 
 def partial_suffix(text: str, tag: str) -> int:
@@ -258,15 +344,13 @@ def partial_suffix(text: str, tag: str) -> int:
 
 def _hermes_call(body: str) -> tuple[str, str] | None:
     try:
-        call = json.loads(body)
+        call = loads(body)
         name, arguments = call["name"], call.get("arguments", {})
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    if not isinstance(name, str):
+    if not _valid_name(name):
         return None
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    return name, arguments
+    return name, arguments if isinstance(arguments, str) else dumps(arguments)
 
 
 # --tool-call-parser's choices: how "auto" reads a model's calls.
@@ -274,15 +358,15 @@ TOOL_CALL_PARSERS: dict[str, type[CallReader]] = {"hermes": HermesCalls,
                                                    "llama3_json": Llama3JsonCalls}
 
 
-def call_reader(mode: str | None, parser: str | None, named: str | None = None
-                ) -> CallReader | None:
+def call_reader(mode: str | None, parser: str | None, named: str | None = None,
+                parallel: bool = True) -> CallReader | None:
     """The reader of one choice's reply, for a request's tool mode (None: text only)."""
     if mode == "named":
         return NamedCall(named)
     if mode == "required":
-        return RequiredCalls()
+        return RequiredCalls(None if parallel else 1)
     if mode == "auto":
-        return TOOL_CALL_PARSERS[parser]()
+        return TOOL_CALL_PARSERS[parser](None if parallel else 1)
     return None
 
 
