@@ -38,6 +38,7 @@ from specserve.server.protocol import (
     TokenizeRequest,
     TokenizeResponse,
 )
+from specserve.server.responses import ResponsesRequest
 from specserve.server.serving import OpenAIServing
 
 logger = logging.getLogger("specserve.server")
@@ -102,6 +103,12 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
 @router.post("/v1/chat/completions", dependencies=_json_body)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
     return await _state(request).serving.chat(body, request)
+
+
+@router.post("/v1/responses", dependencies=_json_body)
+async def create_response(body: ResponsesRequest, request: Request) -> Response:
+    """OpenAI's Responses API (stateless: the whole conversation comes as input)."""
+    return await _state(request).serving.responses(body, request)
 
 
 @router.post("/tokenize", dependencies=_json_body, response_model=TokenizeResponse)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from specserve.engine.detokenizer import decode, token_bytes
@@ -64,6 +64,16 @@ from specserve.server.protocol import (
     UsageInfo,
 )
 from specserve.server.reasoning import REASONING_PARSERS, ReasoningReader
+from specserve.server.responses import (
+    ResponseEvents,
+    ResponsesRequest,
+    new_id,
+    output_items,
+    response_events,
+    response_object,
+    response_status,
+    usage,
+)
 from specserve.server.streaming import (
     DeltaTracker,
     EventStreamResponse,
@@ -98,6 +108,8 @@ class OpenAIServing:
         self._names = {model_name, *aliases}
         self.metrics = metrics
         self.max_model_len = engine.engine.max_model_len
+        cache = engine.engine.config.cache
+        self._cache_block = cache.block_size if cache.enable_prefix_caching else None
         self._defaults = engine.engine.default_sampling_params()
         # The model's max_new_tokens, if its generation_config.json sets one: vLLM caps every
         # request's output with it.
@@ -199,23 +211,7 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
-        if req.tool_mode == "auto" and self.tool_call_parser is None:
-            # As vLLM: the model's own call format is read only by a parser chosen for it.
-            raise APIError(400, 'tool_choice "auto" (the default with tools) needs the server '
-                                "started with --enable-auto-tool-choice and --tool-call-parser; "
-                                '"required" or a named function work without', param="tool_choice")
-        with _refused_as_400():
-            prompt_ids = await self._tokenize(lambda tok: _render_chat(tok, req),
-                                              _chat_chars(req))
-            if (k := self._truncation(req.truncate_prompt_tokens)) is not None:
-                prompt_ids = truncate_prompt(prompt_ids, k)
-            max_tokens = self._capped(req.output_limit)
-            self._check_length(len(prompt_ids), max_tokens)
-            params = req.to_sampling_params(max_tokens, req.num_logprobs, self._defaults)
-            if req.tool_mode == "auto":
-                # A model's call tags may be special tokens (Hermes 2 Pro's are): they must
-                # reach the parser, as vLLM's hermes parser keeps them.
-                params.skip_special_tokens = False
+        prompt_ids, params = await self._chat_prompt(req)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream)
         if req.stream:
@@ -247,6 +243,55 @@ class OpenAIServing:
             prompt_logprobs=self._prompt_logprobs(outputs[0].prompt_logprobs,
                                                   req.prompt_logprobs))
         return _json(body)
+
+    async def _chat_prompt(self, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
+        """A conversation's prompt ids and sampling parameters (400s for what is refused)."""
+        if req.tool_mode == "auto" and self.tool_call_parser is None:
+            # As vLLM: the model's own call format is read only by a parser chosen for it.
+            raise APIError(400, 'tool_choice "auto" (the default with tools) needs the server '
+                                "started with --enable-auto-tool-choice and --tool-call-parser; "
+                                '"required" or a named function work without', param="tool_choice")
+        with _refused_as_400():
+            prompt_ids = await self._tokenize(lambda tok: _render_chat(tok, req),
+                                              _chat_chars(req))
+            if (k := self._truncation(req.truncate_prompt_tokens)) is not None:
+                prompt_ids = truncate_prompt(prompt_ids, k)
+            max_tokens = self._capped(req.output_limit)
+            self._check_length(len(prompt_ids), max_tokens)
+            params = req.to_sampling_params(max_tokens, req.num_logprobs, self._defaults)
+            if req.tool_mode == "auto":
+                # A model's call tags may be special tokens (Hermes 2 Pro's are): they must
+                # reach the parser, as vLLM's hermes parser keeps them.
+                params.skip_special_tokens = False
+        return prompt_ids, params
+
+    async def responses(self, req: ResponsesRequest, raw: Request) -> Response:
+        """OpenAI's Responses API, run as the chat request it means (responses.py)."""
+        self.check_model(req.model)
+        chat = req.chat
+        prompt_ids, params = await self._chat_prompt(chat)
+        response_id = new_id("resp")
+        stream = await self._submit(response_id, [prompt_ids], params, 1, req.stream)
+        reader = self._reply_reader(chat, params)
+        if req.stream:
+            events = response_events(ResponseEvents(response_id, self.model_name, req,
+                                                    self._cache_block), stream, reader)
+            return EventStreamResponse(events, stream, typed=True)
+        created = time.time()
+        outputs = await collect_outputs(stream, raw)
+        if outputs is None:
+            return Response(status_code=_CLIENT_CLOSED)
+        out = outputs[0]
+        c = out.outputs[0]
+        reasoning, content, parts = "", c.text, []
+        if reader is not None:
+            reasoning, content, parts = reader.feed(c.text, finished=True)
+        status, incomplete = response_status(c.finish_reason)
+        items = output_items(reasoning if chat.include_reasoning else "", content,
+                             merge_calls(parts), status)
+        return JSONResponse(response_object(response_id, created, self.model_name, req, status,
+                                            items, usage(out, self._cache_block),
+                                            incomplete))
 
     # ---- vLLM's tokenizer endpoints ------------------------------------------------------------
     async def tokenize(self, req: TokenizeRequest) -> Response:

@@ -94,11 +94,14 @@ class TextChunk:
 
 
 class EventStreamResponse(StreamingResponse):
-    """Server-sent events ending with `data: [DONE]`. However the response ends (finished,
-    client gone, server stopping) the engine requests behind it are aborted at once."""
+    """Server-sent events ending with `data: [DONE]`, or typed ones (the Responses API's:
+    `event: TYPE` before each, no [DONE]). However the response ends (finished, client gone,
+    server stopping) the engine requests behind it are aborted at once."""
 
-    def __init__(self, events: AsyncIterator[BaseModel | str], stream: OutputStream):
-        super().__init__(_sse(events), media_type="text/event-stream",
+    def __init__(self, events: AsyncIterator[BaseModel | str | dict], stream: OutputStream,
+                 typed: bool = False):
+        super().__init__(_typed_sse(events) if typed else _sse(events),
+                         media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._stream = stream
 
@@ -117,6 +120,19 @@ async def _sse(events: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
         # The status line is long gone: report the failure in-band, as OpenAI does.
         yield f"data: {json.dumps(error_body(503, str(exc)))}\n\n"
     yield "data: [DONE]\n\n"
+
+
+async def _typed_sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:
+    sequence = 0
+    try:
+        async for event in events:
+            sequence = event["sequence_number"] + 1
+            yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+    except (RequestAborted, EngineDeadError) as exc:
+        # The Responses API's error event (the status line is long gone).
+        error = {"type": "error", "code": "server_error", "message": str(exc), "param": None,
+                 "sequence_number": sequence}
+        yield f"event: error\ndata: {json.dumps(error)}\n\n"
 
 
 async def collect_outputs(stream: OutputStream, raw: Request) -> list[RequestOutput] | None:
