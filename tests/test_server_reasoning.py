@@ -129,3 +129,19 @@ def test_a_reply_cut_short_is_all_reasoning_and_a_structured_one_all_content(
                                           extra_body={"structured_outputs": {"choice": ["red"]}})
     message = resp.choices[0].message
     assert message.content == "red" and getattr(message, "reasoning_content", None) is None
+
+
+def test_a_response_of_reasoning_whole_and_streamed(client: openai.OpenAI, llm):
+    """The Responses API on the same server: a reply cut short while reasoning is one
+    reasoning item, its tokens counted, streamed as reasoning_text deltas."""
+    messages = [{"role": "user", "content": "Name three primary colors."}]
+    text = _offline(llm, messages, max_tokens=8)
+    resp = client.responses.create(model=MODEL, input=messages[0]["content"], temperature=0,
+                                   max_output_tokens=8)
+    assert [o.type for o in resp.output] == ["reasoning"]
+    assert resp.output[0].content[0].text == text
+    assert 0 < resp.usage.output_tokens_details.reasoning_tokens <= 8
+    events = list(client.responses.create(model=MODEL, input=messages[0]["content"],
+                                          temperature=0, max_output_tokens=8, stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == text
+    assert events[-1].type == "response.incomplete"

@@ -156,6 +156,8 @@ def test_text_format_json_schema(server: LiveServer, llm):
     ({"input": []}, "input"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
     ({"input": "x", "include": ["message.output_text.logprobs"]}, "logprobs"),
+    ({"input": "x", "include": 1}, "include"),
+    ({"input": "x", "max_tool_calls": 2}, "max_tool_calls"),
     ({"input": "x", "tools": TOOLS}, "--tool-call-parser"),  # "auto": this server has none
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ({"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "schema"),
@@ -172,7 +174,8 @@ def test_events_of_reasoning_text_and_calls_in_order():
     (the second in two parts); every event validates and the final output lists the items."""
     req = ResponsesRequest.model_validate({"input": "x", "tools": TOOLS,
                                            "tool_choice": "required"})
-    events = ResponseEvents("resp_x", MODEL, req, cache_block=16)
+    events = ResponseEvents("resp_x", MODEL, req, cache_block=16,
+                            count_tokens=lambda text: len(text.split()))
     out = events.start() + events.reasoning("Think") + events.reasoning(" more.")
     out += events.text("Sure.")
     out += events.call(CallDelta(0, '{"city": "Oslo"}', "call_a", "get_weather"))
@@ -192,3 +195,29 @@ def test_events_of_reasoning_text_and_calls_in_order():
                                                              '{"city": "Rome"}']
     added = [e["output_index"] for e in out if e["type"] == "response.output_item.added"]
     assert added == [0, 1, 2, 3]
+    assert final["usage"]["output_tokens_details"]["reasoning_tokens"] == 2  # "Think more."
+    # Cut short: the open item and the response are incomplete, the closed ones complete.
+    cut = ResponseEvents("resp_y", MODEL, req, cache_block=None, count_tokens=len)
+    out = cut.start() + cut.text("Sure.") + cut.call(CallDelta(0, '{"ci', "call_c", "get_weather"))
+    out += cut.finish(RequestOutput("r", None, [1], [CompletionOutput(0, "", [5, 6],
+                                                                      finish_reason="length")],
+                                    True))
+    for event in out:
+        EVENT.validate_python(event)
+    assert out[-1]["type"] == "response.incomplete"
+    assert [i["status"] for i in out[-1]["response"]["output"]] == ["completed", "incomplete"]
+    assert out[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_an_assistants_text_and_calls_are_one_turn():
+    req = ResponsesRequest.model_validate({"input": [
+        {"role": "user", "content": "Weather?"},
+        {"type": "message", "role": "assistant",
+         "content": [{"type": "output_text", "text": "Let me check."}]},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call", "call_id": "c2", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"}],
+        "instructions": "Be brief."})
+    roles = [(m.role, m.content, [c.id for c in m.tool_calls or ()]) for m in req.chat.messages]
+    assert roles == [("system", "Be brief.", []), ("user", "Weather?", []),
+                     ("assistant", "Let me check.", ["c1", "c2"]), ("tool", "sunny", [])]

@@ -250,6 +250,19 @@ def test_template_sees_tools_and_earlier_calls_with_object_arguments(llm):
     assert "get_weather" not in render_chat(tok, MESSAGES)
 
 
+def test_template_sees_documents_from_the_field_or_its_kwargs(llm):
+    """RAG documents reach a template that lists them (SmolLM2's ignores them), from the
+    request's field or from chat_template_kwargs, as vLLM passes them."""
+    tok = copy.deepcopy(llm.get_tokenizer())
+    tok.chat_template = ("{% for d in documents or [] %}[{{ d.title }}: {{ d.text }}]{% endfor %}"
+                         "{% for m in messages %}{{ m.content }}{% endfor %}")
+    docs = [{"title": "Paris", "text": "18 C and sunny."}]
+    want = "[Paris: 18 C and sunny.]" + MESSAGES[0]["content"]
+    assert render_chat(tok, MESSAGES, documents=docs) == want
+    assert render_chat(tok, MESSAGES, template_kwargs={"documents": docs}) == want
+    assert render_chat(tok, MESSAGES) == MESSAGES[0]["content"]
+
+
 # ---- a live server ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> LiveServer:

@@ -45,7 +45,7 @@ from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.sample.emit import emit_tokens, mask_stops_before_min_tokens
 from specserve.sample.grammar import GrammarBackend, accept_emitted
 from specserve.sample.penalties import apply_penalties
-from specserve.sample.token_bans import apply_token_bans, bad_words_token_ids
+from specserve.sample.token_bans import BadWords, apply_token_bans, bad_words_token_ids
 from specserve.sampling_params import SamplingParams
 from specserve.spec_decode import build_proposer
 from specserve.spec_decode.config import SpeculativeConfig
@@ -300,7 +300,8 @@ class LLMEngine:
         if arrival_time is not None:
             req.arrival_time = min(arrival_time, req.arrival_time)
         if params.bad_words:
-            req.bad_words_token_ids = bad_words_token_ids(self.tokenizer, params.bad_words)
+            req.bad_words = BadWords(bad_words_token_ids(self.tokenizer, params.bad_words,
+                                                         vocab))
         if params.structured_outputs is not None:
             req.grammar = self._grammar_backend().matcher(params.structured_outputs,
                                                           req.stop_token_ids)

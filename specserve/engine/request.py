@@ -9,6 +9,7 @@ import torch
 
 from specserve.outputs import Logprob
 from specserve.sample.penalties import has_logit_processing
+from specserve.sample.token_bans import BadWords
 from specserve.sampling_params import SamplingParams
 
 
@@ -75,10 +76,10 @@ class Request:
         self.unique_prompt_ids: torch.Tensor | None = None  # repetition_penalty, made once
         # logit_bias as (token ids, values), made once (sample/penalties.py)
         self.logit_bias_tensors: tuple[torch.Tensor, torch.Tensor] | None = None
-        # allowed_token_ids as a tensor, made once; bad_words as token ids, each word as it
-        # starts a text and after a space (the engine encodes them; sample/token_bans.py)
+        # allowed_token_ids as a tensor, made once; bad_words encoded and indexed by the
+        # engine (sample/token_bans.py)
         self.allowed_ids: torch.Tensor | None = None
-        self.bad_words_token_ids: list[tuple[int, ...]] = []
+        self.bad_words: BadWords | None = None
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, Logprob]] = []
         # With params.prompt_logprobs: one entry per prompt token recorded so far (the first

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -113,7 +113,7 @@ class TextConfig(OpenAIModel):
 # Known fields that would change the result and that a stateless server cannot honour.
 _UNSUPPORTED = {"previous_response_id": (None,), "conversation": (None,),
                 "background": (None, False), "prompt": (None,), "top_logprobs": (None, 0),
-                "truncation": (None, "disabled")}
+                "truncation": (None, "disabled"), "max_tool_calls": (None,)}
 
 
 class ResponsesRequest(OpenAIModel):
@@ -150,7 +150,7 @@ class ResponsesRequest(OpenAIModel):
     @model_validator(mode="before")
     @classmethod
     def _refuse_stateful(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("include") and \
+        if isinstance(data, dict) and isinstance(data.get("include"), list) and \
                 "message.output_text.logprobs" in data["include"]:
             raise ValueError("include message.output_text.logprobs is not supported")
         return refuse_unsupported(data, _UNSUPPORTED)
@@ -188,8 +188,8 @@ class ResponsesRequest(OpenAIModel):
         return self
 
     def _messages(self) -> list[dict[str, Any]]:
-        """The input as chat messages: consecutive function calls one assistant turn, each
-        output a tool message."""
+        """The input as chat messages: an assistant's text and the function calls after it one
+        assistant turn (as the chat endpoint receives it), each output a tool message."""
         messages: list[dict[str, Any]] = []
         if self.instructions is not None:
             messages.append({"role": "system", "content": self.instructions})
@@ -202,8 +202,8 @@ class ResponsesRequest(OpenAIModel):
                 call = {"id": item.call_id, "type": "function",
                         "function": {"name": item.name, "arguments": item.arguments}}
                 last = messages[-1] if messages else None
-                if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                    last["tool_calls"].append(call)
+                if last is not None and last["role"] == "assistant":
+                    last.setdefault("tool_calls", []).append(call)
                 else:
                     messages.append({"role": "assistant", "content": None,
                                      "tool_calls": [call]})
@@ -247,7 +247,7 @@ def response_object(response_id: str, created: float, model: str, req: Responses
     }
 
 
-def usage(out: RequestOutput, cache_block: int | None) -> dict[str, Any]:
+def usage(out: RequestOutput, cache_block: int | None, reasoning_tokens: int) -> dict[str, Any]:
     """The Responses API's usage. cache_block: the prefix cache's block size (None: no
     prefix cache): the prompt's full blocks read from it are cached tokens, the rest of them
     written to it."""
@@ -256,7 +256,8 @@ def usage(out: RequestOutput, cache_block: int | None) -> dict[str, Any]:
     written = 0 if cache_block is None else max(0, prompt // cache_block * cache_block - cached)
     return {"input_tokens": prompt,
             "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
-            "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens": completion,
+            "output_tokens_details": {"reasoning_tokens": min(reasoning_tokens, completion)},
             "total_tokens": prompt + completion}
 
 
@@ -287,18 +288,6 @@ def call_item(item_id: str, call_id: str, name: str, arguments: str,
             "arguments": arguments, "status": status}
 
 
-def output_items(reasoning: str, content: str | None, calls: list[tuple[str, str, str]],
-                 finished_status: str) -> list[dict[str, Any]]:
-    """A whole reply's items: its reasoning, its message, its calls (call id, name, args)."""
-    items = []
-    if reasoning:
-        items.append(reasoning_item(new_id("rs"), reasoning))
-    if content or not (reasoning or calls):  # an empty reply is an empty message
-        items.append(message_item(new_id("msg"), content or "", finished_status))
-    items += [call_item(new_id("fc"), call_id, name, args) for call_id, name, args in calls]
-    return items
-
-
 # ---- the stream ----------------------------------------------------------------------------------
 class ResponseEvents:
     """The API's typed events for one reply: the response created, then each output item
@@ -307,9 +296,10 @@ class ResponseEvents:
     completed (or incomplete)."""
 
     def __init__(self, response_id: str, model: str, req: ResponsesRequest,
-                 cache_block: int | None):
+                 cache_block: int | None, count_tokens: Callable[[str], int]):
+        """count_tokens: a text's tokens (for the reasoning's, in usage)."""
         self.response_id, self.model, self.req = response_id, model, req
-        self.cache_block = cache_block
+        self.cache_block, self.count_tokens = cache_block, count_tokens
         self.created = time.time()
         self.seq = 0
         self.items: list[dict[str, Any]] = []  # closed ones
@@ -349,6 +339,8 @@ class ResponseEvents:
         return events
 
     def finish(self, out: RequestOutput) -> list[dict[str, Any]]:
+        """The last events: the open item closed (incomplete if the reply was cut short), the
+        response completed or incomplete."""
         status, incomplete = response_status(out.outputs[0].finish_reason)
         if not self.items and self._open is None:  # an empty reply is an empty message
             self._open = message_item(new_id("msg"), None, "in_progress")
@@ -357,12 +349,21 @@ class ResponseEvents:
                                   output_index=0, content_index=0, part=_text_part(""))]
         else:
             events = []
-        events += self._close()
+        events += self._close(status)
+        reasoning = sum(self.count_tokens(part["text"]) for item in self.items
+                        if item["type"] == "reasoning" for part in item["content"])
         response = response_object(self.response_id, self.created, self.model, self.req,
-                                   status, self.items, usage(out, self.cache_block),
+                                   status, self.items, usage(out, self.cache_block, reasoning),
                                    incomplete)
         return events + [self._event("completed" if status == "completed" else "incomplete",
                                      response=response)]
+
+    def feed(self, reasoning: str, text: str, parts: list[CallDelta]) -> list[dict[str, Any]]:
+        """The events for the reply's new reasoning, text and call parts."""
+        events = self.reasoning(reasoning) + self.text(text)
+        for part in parts:
+            events += self.call(part)
+        return events
 
     def _grow(self, kind: str, delta: str) -> list[dict[str, Any]]:
         if not delta:
@@ -391,7 +392,7 @@ class ResponseEvents:
             events.append(self._event("output_text.delta", delta=delta, logprobs=[], **where))
         return events
 
-    def _close(self) -> list[dict[str, Any]]:
+    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
         """The open item's done events; it joins the closed ones."""
         item, self._open = self._open, None
         if item is None:
@@ -400,7 +401,7 @@ class ResponseEvents:
         where = {"item_id": item["id"], "output_index": len(self.items)}
         events = []
         if item["type"] == "function_call":
-            item.update(arguments=text, status="completed")
+            item.update(arguments=text, status=status)
             events.append(self._event("function_call_arguments.done", arguments=text,
                                       name=item["name"], **where))
         else:
@@ -414,7 +415,7 @@ class ResponseEvents:
                                           logprobs=[], **where))
             events.append(self._event("content_part.done", content_index=0, part=part,
                                       **where))
-            item.update(content=[part], status="completed")
+            item.update(content=[part], status=status)
         events.append(self._event("output_item.done", output_index=len(self.items), item=item))
         self.items.append(item)
         return events
@@ -428,16 +429,25 @@ async def response_events(events: ResponseEvents, stream: OutputStream, reader,
         yield event
     deltas = DeltaTracker(1, events.req.chat.stop)
     async for i, out in stream:
-        c = out.outputs[0]
-        text = deltas.text(i, c.text, out.finished)
-        reasoning, parts = "", []
-        if reader is not None:
-            reasoning, text, parts = reader.feed(text, out.finished)
-        for event in events.reasoning(reasoning) + events.text(text):
+        text = deltas.text(i, out.outputs[0].text, out.finished)
+        for event in events.feed(*_read(events, reader, text, out.finished)):
             yield event
-        for part in parts:
-            for event in events.call(part):
-                yield event
         if out.finished:
             for event in events.finish(out):
                 yield event
+
+
+def whole_response(events: ResponseEvents, out: RequestOutput, reader) -> dict[str, Any]:
+    """A reply read whole: the Response object the same events would end with."""
+    events.start()
+    events.feed(*_read(events, reader, out.outputs[0].text, True))
+    return events.finish(out)[-1]["response"]
+
+
+def _read(events: ResponseEvents, reader, text: str, finished: bool
+          ) -> tuple[str, str, list[CallDelta]]:
+    """(reasoning, text, call parts) of the reply's new text."""
+    if reader is None:
+        return "", text, []
+    reasoning, text, parts = reader.feed(text, finished)
+    return (reasoning if events.req.chat.include_reasoning else ""), text, parts

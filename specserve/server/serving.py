@@ -68,11 +68,8 @@ from specserve.server.responses import (
     ResponseEvents,
     ResponsesRequest,
     new_id,
-    output_items,
     response_events,
-    response_object,
-    response_status,
-    usage,
+    whole_response,
 )
 from specserve.server.streaming import (
     DeltaTracker,
@@ -273,25 +270,15 @@ class OpenAIServing:
         response_id = new_id("resp")
         stream = await self._submit(response_id, [prompt_ids], params, 1, req.stream)
         reader = self._reply_reader(chat, params)
+        events = ResponseEvents(response_id, self.model_name, req, self._cache_block,
+                                lambda text: len(encode_prompt(self._tokenizer, text, False)))
         if req.stream:
-            events = response_events(ResponseEvents(response_id, self.model_name, req,
-                                                    self._cache_block), stream, reader)
-            return EventStreamResponse(events, stream, typed=True)
-        created = time.time()
+            return EventStreamResponse(response_events(events, stream, reader), stream,
+                                       typed=True)
         outputs = await collect_outputs(stream, raw)
         if outputs is None:
             return Response(status_code=_CLIENT_CLOSED)
-        out = outputs[0]
-        c = out.outputs[0]
-        reasoning, content, parts = "", c.text, []
-        if reader is not None:
-            reasoning, content, parts = reader.feed(c.text, finished=True)
-        status, incomplete = response_status(c.finish_reason)
-        items = output_items(reasoning if chat.include_reasoning else "", content,
-                             merge_calls(parts), status)
-        return JSONResponse(response_object(response_id, created, self.model_name, req, status,
-                                            items, usage(out, self._cache_block),
-                                            incomplete))
+        return JSONResponse(whole_response(events, outputs[0], reader))
 
     # ---- vLLM's tokenizer endpoints ------------------------------------------------------------
     async def tokenize(self, req: TokenizeRequest) -> Response:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
+import logging
 from collections.abc import AsyncIterator, Callable
 
 from fastapi import Request
@@ -18,6 +19,8 @@ from starlette.types import Receive, Scope, Send
 from specserve.outputs import CompletionOutput, RequestOutput
 from specserve.server.async_engine import EngineDeadError, OutputStream, RequestAborted
 from specserve.server.errors import APIError, error_body
+
+logger = logging.getLogger("specserve")
 
 
 class TextOffsets:
@@ -119,6 +122,9 @@ async def _sse(events: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
     except (RequestAborted, EngineDeadError) as exc:
         # The status line is long gone: report the failure in-band, as OpenAI does.
         yield f"data: {json.dumps(error_body(503, str(exc)))}\n\n"
+    except Exception:  # our bug: logged, and the client still gets an end to the stream
+        logger.exception("a streamed response failed")
+        yield f"data: {json.dumps(error_body(500, 'internal server error'))}\n\n"
     yield "data: [DONE]\n\n"
 
 
@@ -130,9 +136,16 @@ async def _typed_sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:
             yield f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
     except (RequestAborted, EngineDeadError) as exc:
         # The Responses API's error event (the status line is long gone).
-        error = {"type": "error", "code": "server_error", "message": str(exc), "param": None,
-                 "sequence_number": sequence}
-        yield f"event: error\ndata: {json.dumps(error)}\n\n"
+        yield _error_event(str(exc), sequence)
+    except Exception:  # our bug: logged, and the client still gets an end to the stream
+        logger.exception("a streamed response failed")
+        yield _error_event("internal server error", sequence)
+
+
+def _error_event(message: str, sequence: int) -> str:
+    error = {"type": "error", "code": "server_error", "message": message, "param": None,
+             "sequence_number": sequence}
+    return f"event: error\ndata: {json.dumps(error)}\n\n"
 
 
 async def collect_outputs(stream: OutputStream, raw: Request) -> list[RequestOutput] | None:
