@@ -237,6 +237,23 @@ def test_async_streaming_chat(server: LiveServer, llm):
     assert asyncio.run(run()) == text
 
 
+def test_usage_counts_the_prompt_tokens_read_from_the_prefix_cache(client: openai.OpenAI):
+    """OpenAI's prompt_tokens_details.cached_tokens: a prompt's full blocks found in the prefix
+    cache, counted once per prompt (its n choices share one prefill)."""
+    prompt = "A prompt that no other test sends, long enough for blocks of sixteen: " * 3
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, n=2)
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, n=2)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and cached % 16 == 0 and cached <= again.usage.prompt_tokens
+    chat = [{"role": "user", "content": prompt}]
+    client.chat.completions.create(model=MODEL, messages=chat, max_tokens=2)
+    stream = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=2, n=3,
+                                            stream=True, stream_options={"include_usage": True})
+    usage = [c.usage for c in stream if c.usage is not None][-1]
+    assert 0 < usage.prompt_tokens_details.cached_tokens <= usage.prompt_tokens
+
+
 # ---- sampling features -----------------------------------------------------------------------
 def test_stop_strings_streamed_and_not(client: openai.OpenAI, llm):
     prompt = "1, 2, 3, 4,"
@@ -565,7 +582,10 @@ def test_continuous_usage_stats(server: LiveServer, path: str, body: dict):
         assert after["prompt_tokens"] == final["prompt_tokens"]
         assert before["completion_tokens"] <= after["completion_tokens"]
     assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
-    assert usages[-2] == final  # the chunk that finished the last choice
+    # The chunk that finished the last choice; the final usage adds what the prefix cache
+    # served.
+    assert usages[-2] == {k: v for k, v in final.items() if k != "prompt_tokens_details"}
+    assert final["prompt_tokens_details"]["cached_tokens"] >= 0
     # Without it, or without include_usage (vLLM's rule), the chunks carry no usage (the hot
     # path is unchanged).
     for options in (None, {"continuous_usage_stats": True}):

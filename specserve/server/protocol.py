@@ -529,10 +529,23 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
 
 
 # ---- responses --------------------------------------------------------------------------------
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # read from the prefix cache
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # OpenAI's (vLLM's with --enable-prompt-tokens-details): in a response's final usage.
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_details(self, handler) -> dict:
+        out = handler(self)
+        if out.get("prompt_tokens_details") is None:
+            out.pop("prompt_tokens_details", None)
+        return out
 
 
 class CompletionLogprobs(BaseModel):

@@ -56,6 +56,7 @@ from specserve.server.protocol import (
     FunctionCall,
     PromptLogprob,
     PromptLogprobs,
+    PromptTokensDetails,
     TokenizeRequest,
     TokenizeResponse,
     TokenLogprob,
@@ -203,7 +204,7 @@ class OpenAIServing:
                 stop_reason=c.stop_reason,
                 prompt_logprobs=self._prompt_logprobs(scores, req.prompt_logprobs)))
         body = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
-                                  usage=_usage(num_prompt_tokens, outputs))
+                                  usage=_usage(num_prompt_tokens, outputs, req.n))
         return _json(body)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
@@ -236,7 +237,7 @@ class OpenAIServing:
                                       finish_reason=finish_reason, stop_reason=c.stop_reason))
         body = ChatCompletionResponse(
             id=request_id, model=self.model_name, choices=choices,
-            usage=_usage(len(prompt_ids), outputs),
+            usage=_usage(len(prompt_ids), outputs, req.n),
             prompt_logprobs=self._prompt_logprobs(outputs[0].prompt_logprobs,
                                                   req.prompt_logprobs))
         return _json(body)
@@ -419,7 +420,7 @@ class OpenAIServing:
                                      choices=[choice], usage=_usage_info(num_tokens))
         if req.include_usage:
             yield CompletionResponse(id=request_id, created=created, model=self.model_name,
-                                     choices=[], usage=_usage(num_prompt_tokens, final))
+                                     choices=[], usage=_usage(num_prompt_tokens, final, req.n))
 
     async def _chat_events(self, request_id: str, req: ChatCompletionRequest,
                            params: SamplingParams, stream: OutputStream,
@@ -479,7 +480,7 @@ class OpenAIServing:
                                           finish_reason=finish_reason)],
                         _usage_info(num_tokens))
         if req.include_usage:
-            yield chunk([], _usage(num_prompt_tokens, final))
+            yield chunk([], _usage(num_prompt_tokens, final, req.n))
 
     def _reply_reader(self, req: ChatCompletionRequest, params: SamplingParams
                       ) -> _ReplyReader | None:
@@ -650,10 +651,16 @@ def _usage_info(num_tokens: tuple[int, int] | None) -> UsageInfo | None:
                      total_tokens=prompt + completion)
 
 
-def _usage(num_prompt_tokens: int, outputs: Sequence[RequestOutput | None]) -> UsageInfo:
+def _usage(num_prompt_tokens: int, outputs: Sequence[RequestOutput | None],
+           n: int = 1) -> UsageInfo:
+    """A response's final usage. Its prompts are counted once each, as are the tokens their
+    first choices read from the prefix cache (the other choices share that prefill)."""
     completion = sum(len(o.outputs[0].token_ids) for o in outputs if o is not None)
+    cached = sum(o.metrics.num_cached_tokens for o in outputs[::n]
+                 if o is not None and o.metrics is not None)
     return UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=completion,
-                     total_tokens=num_prompt_tokens + completion)
+                     total_tokens=num_prompt_tokens + completion,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 def _json(body: BaseModel) -> Response:
