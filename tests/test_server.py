@@ -5,6 +5,7 @@ offline engine (greedy, fp32: the texts must be identical)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import os
@@ -137,19 +138,27 @@ def client(server: LiveServer) -> openai.OpenAI:
 _offline_cache: dict[str, tuple[str, int, str]] = {}
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """The in-process engine on one torch thread, as the server runs (see MODEL_FLAGS), for
+    the same greedy tokens."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def offline_text(llm, prompt: str | list[dict], **kw) -> tuple[str, int, str]:
     """(text, number of tokens, finish reason) from the in-process engine; memoised, since
     several tests compare against the same generation."""
     key = json.dumps([prompt, kw], sort_keys=True, default=repr)
     if key not in _offline_cache:
         params = SamplingParams(temperature=0, **kw)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # as the server: see MODEL_FLAGS
-        try:
+        with one_thread():
             out = (llm.chat(prompt, params) if isinstance(prompt, list)
                    else llm.generate(prompt, params))[0].outputs[0]
-        finally:
-            torch.set_num_threads(threads)
         _offline_cache[key] = out.text, len(out.token_ids), out.finish_reason
     return _offline_cache[key]
 

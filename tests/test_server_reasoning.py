@@ -8,12 +8,11 @@ import random
 
 import openai
 import pytest
-import torch
-from test_server import MODEL, MODEL_FLAGS, LiveServer
+from test_server import MODEL, MODEL_FLAGS, LiveServer, one_thread
 
 from specserve import SamplingParams
 from specserve.server.reasoning import ReasoningReader
-from specserve.server.serving import _ReplyReader
+from specserve.server.replies import ReplyReader
 from specserve.server.tool_calls import HermesCalls, merge_calls
 
 REPLIES = {
@@ -53,7 +52,7 @@ def test_reasoning_then_tool_calls():
     text = ('I should look it up.</think>Sure. <tool_call>{"name": "get_weather", '
             '"arguments": {"city": "Oslo"}}</tool_call>')
     for cuts in (list(range(1, len(text))), [20, 40]):
-        reader = _ReplyReader(ReasoningReader(), HermesCalls())
+        reader = ReplyReader(ReasoningReader(), HermesCalls())
         reasoning, content, parts = [], [], []
         bounds = list(zip([0, *cuts], [*cuts, len(text)], strict=True))
         for n, (a, b) in enumerate(bounds):
@@ -85,13 +84,9 @@ CONTINUE = {"add_generation_prompt": False, "continue_final_message": True}
 
 
 def _offline(llm, messages, **kw) -> str:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the server (MODEL_FLAGS)
-    try:
+    with one_thread():
         chat_kw = CONTINUE if messages is PATTERN else {}
         return llm.chat(messages, SamplingParams(temperature=0, **kw), **chat_kw)[0].outputs[0].text
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_the_server_splits_the_offline_reply(client: openai.OpenAI, llm):

@@ -10,14 +10,14 @@ import json
 import httpx
 import openai
 import pytest
-import torch
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
-from test_server import MODEL, MODEL_FLAGS, LiveServer
+from test_server import MODEL, MODEL_FLAGS, LiveServer, one_thread
 
 from specserve import SamplingParams, StructuredOutputsParams
 from specserve.outputs import CompletionOutput, RequestOutput
-from specserve.server.responses import ResponseEvents, ResponsesRequest
+from specserve.server.response_events import ResponseEvents
+from specserve.server.responses import ResponsesRequest
 from specserve.server.tool_calls import CallDelta
 
 EVENT = TypeAdapter(ResponseStreamEvent)
@@ -43,12 +43,8 @@ def client(server: LiveServer) -> openai.OpenAI:
 
 
 def offline(llm, messages: list[dict], **kw):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the server (MODEL_FLAGS)
-    try:
+    with one_thread():
         return llm.chat(messages, SamplingParams(temperature=0, **kw))[0]
-    finally:
-        torch.set_num_threads(threads)
 
 
 def post(server: LiveServer, body: dict) -> httpx.Response:
@@ -176,11 +172,10 @@ def test_events_of_reasoning_text_and_calls_in_order():
                                            "tool_choice": "required"})
     events = ResponseEvents("resp_x", MODEL, req, cache_block=16,
                             count_tokens=lambda text: len(text.split()))
-    out = events.start() + events.reasoning("Think") + events.reasoning(" more.")
-    out += events.text("Sure.")
-    out += events.call(CallDelta(0, '{"city": "Oslo"}', "call_a", "get_weather"))
-    out += events.call(CallDelta(1, '{"city": ', "call_b", "get_weather"))
-    out += events.call(CallDelta(1, '"Rome"}'))
+    out = events.start() + events.feed("Think", "", []) + events.feed(" more.", "", [])
+    out += events.feed("", "Sure.", [CallDelta(0, '{"city": "Oslo"}', "call_a", "get_weather"),
+                                     CallDelta(1, '{"city": ', "call_b", "get_weather")])
+    out += events.feed("", "", [CallDelta(1, '"Rome"}')])
     out += events.finish(RequestOutput("r", None, [1, 2], [CompletionOutput(0, "", [5, 6],
                                                                             finish_reason="stop")],
                                        True))
@@ -198,7 +193,7 @@ def test_events_of_reasoning_text_and_calls_in_order():
     assert final["usage"]["output_tokens_details"]["reasoning_tokens"] == 2  # "Think more."
     # Cut short: the open item and the response are incomplete, the closed ones complete.
     cut = ResponseEvents("resp_y", MODEL, req, cache_block=None, count_tokens=len)
-    out = cut.start() + cut.text("Sure.") + cut.call(CallDelta(0, '{"ci', "call_c", "get_weather"))
+    out = cut.start() + cut.feed("", "Sure.", [CallDelta(0, '{"ci', "call_c", "get_weather")])
     out += cut.finish(RequestOutput("r", None, [1], [CompletionOutput(0, "", [5, 6],
                                                                       finish_reason="length")],
                                     True))

@@ -13,8 +13,7 @@ import re
 import httpx
 import openai
 import pytest
-import torch
-from test_server import MODEL, MODEL_FLAGS, LiveServer
+from test_server import MODEL, MODEL_FLAGS, LiveServer, one_thread
 
 from specserve import SamplingParams, StructuredOutputsParams
 from specserve.engine.prompts import encode_chat, render_chat
@@ -152,6 +151,10 @@ def test_hermes_edge_cases():
     assert arguments == '{"x": "\\ud800 \\u00e9"}' and arguments.encode("utf-8")
     nan = '<tool_call>{"name": "f", "arguments": {"x": NaN}}</tool_call>'
     assert HermesCalls().read(nan) == (nan, [])
+    # Arguments given as a string holding a lone surrogate: not a call, the text stays.
+    lone = '<tool_call>{"name": "f", "arguments": "\\ud800"}</tool_call>'
+    assert HermesCalls().read(lone) == (lone, [])
+    assert Llama3JsonCalls().read('{"name": "f", "parameters": "\\udc00"}')[1] == []
     # Nesting too deep to read is not a call, not an error.
     deep = "<tool_call>" + "[" * 100_000 + "</tool_call>"
     assert HermesCalls().read(deep) == (deep, [])
@@ -288,12 +291,8 @@ def offline(llm):
 
     def generate(messages: list[dict], tools: list[dict] | None = None, **kw):
         ids = encode_chat(tok, messages, tools=tools)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # as the server (MODEL_FLAGS)
-        try:
+        with one_thread():
             out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, **kw))
-        finally:
-            torch.set_num_threads(threads)
         return out[0]
     return generate
 

@@ -385,7 +385,8 @@ class LLMEngine:
         if self._grammar is not None and any(r.grammar is not None for r in reqs):
             self._grammar.mask(logits, sampling)
         # Logprobs are the model's own, as vLLM's default reports them: min_tokens' mask, the
-        # logit bias and the penalties decide what is sampled, not what the model thought
+        # token bans, the logit bias and the penalties decide what is sampled, not what the
+        # model thought
         # (the grammar's mask does count).
         logprob_logits = logits.clone() if any(
             r.params.logprobs is not None and (r.processes_logits

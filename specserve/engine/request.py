@@ -72,7 +72,7 @@ class Request:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.grammar = None  # xgrammar GrammarMatcher of a structured-output request
-        self.processes_logits = has_logit_processing(params)  # bias or penalties
+        self.processes_logits = has_logit_processing(params)  # bias, penalties, bans
         self.unique_prompt_ids: torch.Tensor | None = None  # repetition_penalty, made once
         # logit_bias as (token ids, values), made once (sample/penalties.py)
         self.logit_bias_tensors: tuple[torch.Tensor, torch.Tensor] | None = None

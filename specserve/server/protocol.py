@@ -30,7 +30,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from specserve.sampling_params import SamplingParams, StructuredOutputsParams
-from specserve.server.tool_calls import arguments_schema, calls_schema, loads
+from specserve.server.tool_calls import arguments_schema, calls_schema, strict_loads
 
 MAX_N = 128  # OpenAI's limit on choices per request
 MAX_LOGPROBS = 20
@@ -428,7 +428,7 @@ class ChatMessage(OpenAIModel):
 def _arguments_object(arguments: str) -> dict:
     """OpenAI's arguments: the JSON text of an object (a template may iterate over it)."""
     try:
-        value = loads(arguments)
+        value = strict_loads(arguments)
     except ValueError:
         value = None
     if not isinstance(value, dict):

@@ -9,7 +9,7 @@ grammar constrained all of it, so none of it is reasoning.
 
 from __future__ import annotations
 
-from specserve.server.tool_calls import partial_suffix
+from specserve.server.tool_calls import hold_partial_tag
 
 
 class ReasoningReader:
@@ -42,8 +42,7 @@ class ReasoningReader:
             reasoning, content = self._buf[:at], self._buf[at + len(self.END):]
             self._buf, self._answering = "", True
             return reasoning, content
-        keep = partial_suffix(self._buf, self.END)  # maybe the start of END
-        reasoning, self._buf = self._buf[:len(self._buf) - keep], self._buf[len(self._buf) - keep:]
+        reasoning, self._buf = hold_partial_tag(self._buf, self.END)  # maybe END's start
         return reasoning, ""
 
     def finish(self) -> tuple[str, str]:

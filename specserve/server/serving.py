@@ -64,14 +64,9 @@ from specserve.server.protocol import (
     TopLogprob,
     UsageInfo,
 )
-from specserve.server.reasoning import REASONING_PARSERS, ReasoningReader
-from specserve.server.responses import (
-    ResponseEvents,
-    ResponsesRequest,
-    new_id,
-    response_events,
-    whole_response,
-)
+from specserve.server.replies import ReplyReader, reply_reader
+from specserve.server.response_events import ResponseEvents, response_events, whole_response
+from specserve.server.responses import ResponsesRequest
 from specserve.server.streaming import (
     DeltaTracker,
     EventStreamResponse,
@@ -79,7 +74,7 @@ from specserve.server.streaming import (
     TextOffsets,
     collect_outputs,
 )
-from specserve.server.tool_calls import CallDelta, CallReader, call_reader, merge_calls
+from specserve.server.tool_calls import merge_calls, new_id
 
 # nginx's code for "client closed request": never seen by the client, only in access logs.
 _CLIENT_CLOSED = 499
@@ -90,7 +85,8 @@ _T = TypeVar("_T")
 
 
 class OpenAIServing:
-    """Completions and chat completions over an AsyncEngine."""
+    """The OpenAI endpoints (completions, chat completions, responses) and vLLM's tokenizer
+    endpoints over an AsyncEngine."""
 
     def __init__(self, engine: AsyncEngine, model_name: str,
                  metrics: ServerMetrics | None = None, aliases: tuple[str, ...] = (),
@@ -231,8 +227,8 @@ class OpenAIServing:
                          for call_id, name, args in merge_calls(parts)]
                 message = ChatResponseMessage(
                     content=content or None, tool_calls=calls or None,
-                    reasoning_content=(reasoning or None) if req.include_reasoning else None)
-                finish_reason = reader.finish_reason(req, finish_reason)
+                    reasoning_content=reasoning or None)
+                finish_reason = reader.finish_reason(finish_reason)
             choices.append(ChatChoice(index=i, message=message, logprobs=logprobs,
                                       finish_reason=finish_reason, stop_reason=c.stop_reason))
         body = ChatCompletionResponse(
@@ -459,9 +455,7 @@ class OpenAIServing:
             if (reader := readers[i]) is not None:  # reasoning, text and tool calls
                 reasoning, text, calls = reader.feed(text, out.finished)
                 if out.finished:
-                    finish_reason = reader.finish_reason(req, finish_reason)
-                if not req.include_reasoning:
-                    reasoning = ""
+                    finish_reason = reader.finish_reason(finish_reason)
             if not text and not calls and not reasoning and not out.finished and logprobs is None:
                 continue
             if out.finished:
@@ -483,15 +477,9 @@ class OpenAIServing:
             yield chunk([], _usage(num_prompt_tokens, final, req.n))
 
     def _reply_reader(self, req: ChatCompletionRequest, params: SamplingParams
-                      ) -> _ReplyReader | None:
-        """How one choice's reply is read (None: as text). A reply under a structured output
-        has no reasoning: the grammar constrained all of it."""
-        named = req.tool_choice.function.name if req.tool_mode == "named" else None
-        calls = call_reader(req.tool_mode, self.tool_call_parser, named,
-                            req.parallel_tool_calls)
-        reasoning = (REASONING_PARSERS[self.reasoning_parser]()
-                     if self.reasoning_parser and params.structured_outputs is None else None)
-        return None if calls is None and reasoning is None else _ReplyReader(reasoning, calls)
+                      ) -> ReplyReader | None:
+        return reply_reader(req, params.structured_outputs is not None, self.tool_call_parser,
+                            self.reasoning_parser)
 
     # ---- logprobs -----------------------------------------------------------------------------
     def _decode_token(self, token_id: int) -> str:
@@ -572,38 +560,6 @@ def _render_chat(tokenizer, req: ChatCompletionRequest | TokenizeRequest,
                        continue_final_message=req.continue_final_message,
                        documents=req.documents, tools=req.template_tools(),
                        template_kwargs=req.chat_template_kwargs)
-
-
-@dataclasses.dataclass(slots=True)
-class _ReplyReader:
-    """One chat choice's reply read as reasoning, then content and tool calls."""
-
-    reasoning: ReasoningReader | None
-    calls: CallReader | None
-
-    def feed(self, text: str, finished: bool) -> tuple[str, str, list[CallDelta]]:
-        """The reply's new text -> (reasoning, content, call parts); at its end, with what
-        the readers held back."""
-        reasoning, calls = "", []
-        if self.reasoning is not None:
-            reasoning, text = self.reasoning.feed(text)
-            if finished:
-                more, rest = self.reasoning.finish()
-                reasoning, text = reasoning + more, text + rest
-        if self.calls is not None:
-            text, calls = self.calls.feed(text)
-            if finished:
-                rest, more = self.calls.finish()
-                text, calls = text + rest, calls + more
-        return reasoning, text, calls
-
-    def finish_reason(self, req: ChatCompletionRequest, finish_reason: str | None) -> str | None:
-        """OpenAI's: "tool_calls" when the model chose to call (auto) or had to (required)
-        and did; a named call ends as its reply ended ("stop")."""
-        if (self.calls is not None and self.calls.num_calls and finish_reason == "stop"
-                and req.tool_mode in ("auto", "required")):
-            return "tool_calls"
-        return finish_reason
 
 
 @dataclasses.dataclass(slots=True)

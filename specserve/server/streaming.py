@@ -1,5 +1,6 @@
-"""How responses go out: server-sent events ending in `data: [DONE]` (an error in-band when the
-engine aborts), the per-token chunk rendered from a template, what each choice has sent so far,
+"""How responses go out: server-sent events ending in `data: [DONE]`, or the Responses API's
+typed events (an error in-band when the engine aborts, or on a bug of ours), the per-token
+chunk rendered from a template, what each choice has sent so far,
 where each token starts in a completion's text, and a non-streamed response's wait for its
 outputs that watches for the client hanging up."""
 

@@ -9,7 +9,8 @@
 
 Each choice's reply goes through one CallReader, streamed or whole: streamed, text and calls
 come out as the reply grows; whole, it is the same reader fed once, so both give the same
-content and calls. Nothing here knows the HTTP models: serving.py turns CallDeltas into them.
+content and calls. Nothing here knows the HTTP models: serving.py and responses.py turn
+CallDeltas into them.
 """
 
 from __future__ import annotations
@@ -76,11 +77,12 @@ def _nest_refs(schema: Any, here: str) -> Any:
     return out
 
 
-def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+def new_id(prefix: str) -> str:
+    """An OpenAI-style object id: call_..., resp_..., msg_..., fc_..., rs_..."""
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
 
-def loads(text: str) -> Any:
+def strict_loads(text: str) -> Any:
     """JSON text, strictly: ValueError for anything that is not JSON (NaN and Infinity
     included) or that nests too deeply to read."""
     try:
@@ -93,7 +95,7 @@ def _not_json(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def dumps(value: Any) -> str:
+def dumps_as_written(value: Any) -> str:
     """JSON text of a value read from the model, its characters as written; a lone surrogate
     (an escape the model wrote, which UTF-8 cannot carry) stays escaped."""
     text = json.dumps(value, ensure_ascii=False)
@@ -104,14 +106,26 @@ def dumps(value: Any) -> str:
     return text
 
 
-def _valid_name(name: Any) -> bool:
-    if not isinstance(name, str):
+def _is_utf8(text: Any) -> bool:
+    """Whether text is a string UTF-8 can carry (a lone surrogate it cannot)."""
+    if not isinstance(text, str):
         return False
     try:
-        name.encode("utf-8")
+        text.encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _as_call(call: Any, *keys: str) -> tuple[str, str] | None:
+    """(name, arguments as JSON text) of a call object the model wrote, its arguments under
+    the first of `keys` it has; None if it is not one."""
+    if not isinstance(call, dict) or not _is_utf8(name := call.get("name")):
+        return None
+    arguments = next((call[k] for k in keys if k in call), {})
+    if isinstance(arguments, str):
+        return (name, arguments) if _is_utf8(arguments) else None
+    return name, dumps_as_written(arguments)
 
 
 @dataclass(slots=True)
@@ -144,7 +158,7 @@ class CallReader:
         """Whole calls, the next ones, as many as max_calls still allows."""
         if self.max_calls is not None:
             calls = calls[:max(0, self.max_calls - self.num_calls)]
-        parts = [CallDelta(self.num_calls + i, arguments, new_call_id(), name)
+        parts = [CallDelta(self.num_calls + i, arguments, new_id("call"), name)
                  for i, (name, arguments) in enumerate(calls)]
         self.num_calls += len(parts)
         return parts
@@ -187,10 +201,10 @@ class RequiredCalls(CallReader):
     def finish(self) -> tuple[str, list[CallDelta]]:
         text = "".join(self._text)
         try:
-            calls = [(c["name"], dumps(c["parameters"])) for c in loads(text)]
-        except (ValueError, TypeError, KeyError):
+            calls = [_as_call(c, "parameters") for c in strict_loads(text)]
+        except (ValueError, TypeError):
             return text, []
-        if not all(_valid_name(name) for name, _ in calls):
+        if None in calls:
             return text, []
         return "", self._calls(calls)
 
@@ -221,9 +235,8 @@ class HermesCalls(CallReader):
                 text, self._buf = self._buf + text, ""
                 at = text.find(self.START)
                 if at < 0:  # keep what may be the start of a tag
-                    keep = partial_suffix(text, self.START)
-                    content.append(self._text(text[:len(text) - keep]))
-                    self._buf = text[len(text) - keep:]
+                    text, self._buf = hold_partial_tag(text, self.START)
+                    content.append(self._text(text))
                     return "".join(content), calls
                 content.append(self._text(text[:at]))
                 self._space_before = self._space
@@ -325,32 +338,27 @@ def _llama3_calls(text: str) -> list[tuple[str, str]] | None:
             return calls or None
         try:
             call, at = decoder.raw_decode(text, at)
-            name = call["name"]
-            arguments = call.get("parameters", call.get("arguments", {}))
-        except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        except (ValueError, RecursionError):
             return None
-        if not _valid_name(name):
+        if (call := _as_call(call, "parameters", "arguments")) is None:
             return None
-        calls.append((name, arguments if isinstance(arguments, str) else dumps(arguments)))
+        calls.append(call)
 
 
-def partial_suffix(text: str, tag: str) -> int:
-    """The length of the longest end of text that begins tag."""
+def hold_partial_tag(text: str, tag: str) -> tuple[str, str]:
+    """(text, held): held is the longest end of text that begins tag, kept for the next
+    piece of a streamed reply (the tag may be split across them)."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):
-            return n
-    return 0
+            return text[:-n], text[-n:]
+    return text, ""
 
 
 def _hermes_call(body: str) -> tuple[str, str] | None:
     try:
-        call = loads(body)
-        name, arguments = call["name"], call.get("arguments", {})
-    except (ValueError, TypeError, KeyError, AttributeError):
+        return _as_call(strict_loads(body), "arguments")
+    except ValueError:
         return None
-    if not _valid_name(name):
-        return None
-    return name, arguments if isinstance(arguments, str) else dumps(arguments)
 
 
 # --tool-call-parser's choices: how "auto" reads a model's calls.
