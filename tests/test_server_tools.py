@@ -183,8 +183,40 @@ def test_named_and_required_readers():
         '{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}}]')
     assert content is None and [(n, json.loads(a)) for _, n, a in merge_calls(parts)] == [
         ("get_time", {"timezone": "UTC"}), ("get_weather", {"city": "Oslo", "unit": "celsius"})]
-    cut = '[{"name": "get_time", "parame'  # cut short: returned as text, no call
-    assert RequiredCalls().read(cut) == (cut, [])
+    # Cut short by max_tokens: the calls begun, the last with the parameters written so far;
+    # before any name, the text.
+    cut = '[{"name": "get_time", "parameters": {"timez'
+    assert [(n, a) for _, n, a in merge_calls(RequiredCalls().read(cut)[1])] == [
+        ("get_time", '{"timez')]
+    assert RequiredCalls().read('[{"na') == ('[{"na', [])
+
+
+REQUIRED_REPLIES = [
+    '[{"name": "get_time", "parameters": {"timezone": "UTC"}}, '
+    '{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}}]',
+    '[\n  {\n    "name": "f",\n    "parameters": {"a": [1, {"b": "x}]\\"y"}], "c": null}\n  }\n]',
+    '[{"parameters": {"z": 1}, "name": "late"}]',  # parameters first: sent with the name
+    '[{"name": "n", "parameters": 5}, {"name": "m", "parameters": "s,}"}]',
+    '[{"name": "caf\\u00e9", "parameters": {}}]',
+]
+
+
+@pytest.mark.parametrize("text", REQUIRED_REPLIES)
+def test_required_calls_stream_as_they_are_written(text: str):
+    """Streamed at every character and at random cuts, the calls are the whole reply's; their
+    arguments are the parameters' own JSON text; a call goes out before the reply ends."""
+    content, parts = RequiredCalls().read(text)
+    calls = [(n, a) for _, n, a in merge_calls(parts)]
+    assert content is None
+    assert [(n, json.loads(a)) for n, a in calls] == [(c["name"], c["parameters"])
+                                                      for c in json.loads(text)]
+    rng = random.Random(2)
+    for cuts in [list(range(1, len(text))), sorted(rng.sample(range(1, len(text)), 4))]:
+        got_content, got_parts = _streamed(RequiredCalls(), text, cuts)
+        assert (got_content, [(n, a) for _, n, a in merge_calls(got_parts)]) == (None, calls)
+    reader = RequiredCalls()
+    early = [p for c in text[:-2] for p in reader.feed(c)[1]]
+    assert early and early[0].name == calls[0][0]
 
 
 def test_calls_schema_repoints_references_and_compiles(llm):
@@ -346,8 +378,11 @@ def test_required_calls_streamed_and_n_choices_with_logprobs(client: openai.Open
     whole = client.chat.completions.create(**body).choices[0].message.tool_calls
     chunks = list(client.chat.completions.create(**body, stream=True))
     parts = [p for c in chunks for p in c.choices[0].delta.tool_calls or ()]
-    assert [(p.index, p.function.name, p.function.arguments) for p in parts] == [
-        (k, c.function.name, c.function.arguments) for k, c in enumerate(whole)]
+    streamed = [(p.index, p.function.name, "".join(
+        q.function.arguments or "" for q in parts if q.index == p.index)) for p in parts if p.id]
+    assert streamed == [(k, c.function.name, c.function.arguments)
+                        for k, c in enumerate(whole)]
+    assert len(parts) > len(whole)  # the parameters went out as they were written
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # Two sampled choices of a named call, streamed with logprobs: each its own call.
     choice = {"type": "function", "function": {"name": "get_weather"}}

@@ -187,26 +187,118 @@ class NamedCall(CallReader):
 
 
 class RequiredCalls(CallReader):
-    """tool_choice "required": the reply is a JSON array of calls, sent when it is complete. A
-    reply that does not parse (cut short by max_tokens) is returned as content."""
+    """tool_choice "required": the reply is a JSON array of `{"name", "parameters"}` calls (its
+    grammar says so), read as it grows. A call goes out once its name is read, then its
+    parameters' JSON text as the model writes it (as a named call's arguments do). A reply cut
+    short by max_tokens keeps the calls it began; one cut before any name is content."""
 
     def __init__(self, max_calls: int | None = None) -> None:
         super().__init__(max_calls)
-        self._text: list[str] = []
+        self._text: list[str] = []  # the whole reply, for one cut before any call
+        self._depth = 0  # of brackets and braces: a call's members are at depth 2
+        self._in_string = self._escape = False
+        self._string: list[str] | None = None  # a depth-2 string being read (a key, a name)
+        self._key: str | None = None  # the member whose value comes next
+        self._value: str | None = None  # the parameters value being read: its first char
+        self._expect_value = False  # after "parameters":
+        self._name: str | None = None  # the open call's
+        self._held: list[str] = []  # its parameters text read before its name
+        self._sent = False  # whether it went out (or was dropped past max_calls)
+        self._dropped = False
 
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
         self._text.append(text)
-        return "", []
+        parts: list[CallDelta] = []
+        value: list[str] = []  # parameters text read in this piece
+        for c in text:
+            if self._value is not None and self._value not in '{["' and not self._in_string \
+                    and (c in ",}" or c.isspace()):
+                self._value = None  # a number or literal ended before this character
+                parts += self._send("".join(value))
+                value = []
+            if self._value is not None:
+                value.append(c)
+                self._scan(c)
+                if self._depth == 2 and not self._in_string and (
+                        c in "}]" or (c == '"' and self._value == '"')):
+                    self._value = None  # an object, array or string value closed
+                    parts += self._send("".join(value))
+                    value = []
+                continue
+            if self._expect_value and not c.isspace():
+                self._expect_value, self._value = False, c
+                value.append(c)
+                self._scan(c)
+                continue
+            was_in_string = self._in_string
+            self._scan(c)
+            if self._depth == 2 and not was_in_string and self._in_string:
+                self._string = []
+            elif was_in_string and self._string is not None:
+                if self._in_string:
+                    self._string.append(c)
+                else:
+                    self._end_string("".join(self._string))
+                    self._string = None
+            elif c == ":" and self._depth == 2 and self._key == "parameters":
+                self._expect_value, self._key = True, None
+            elif c == "{" and self._depth == 2:  # a call begins
+                self._key = self._name = None
+                self._held, self._sent, self._dropped = [], False, False
+        if value:
+            parts += self._send("".join(value))
+        if self._name is not None and not self._sent and self._held:  # parameters came first
+            parts += self._send("")
+        return "", parts
+
+    def _scan(self, c: str) -> None:
+        """Strings and nesting, one character at a time."""
+        if self._in_string:
+            if self._escape:
+                self._escape = False
+            elif c == "\\":
+                self._escape = True
+            elif c == '"':
+                self._in_string = False
+        elif c == '"':
+            self._in_string = True
+        elif c in "{[":
+            self._depth += 1
+        elif c in "}]":
+            self._depth -= 1
+
+    def _end_string(self, raw: str) -> None:
+        """A depth-2 string ended: a member's key, or its value (the name's)."""
+        if self._key is None:
+            self._key = raw
+            return
+        if self._key == "name":
+            try:
+                self._name = strict_loads(f'"{raw}"')
+            except ValueError:
+                self._name = raw
+        self._key = None
+
+    def _send(self, text: str) -> list[CallDelta]:
+        """Parameters text of the open call: out once its name is known, held until then."""
+        if self._name is None:
+            self._held.append(text)
+            return []
+        if self._dropped:
+            return []
+        if not self._sent:
+            self._sent = True
+            text, self._held = "".join(self._held) + text, []
+            parts = self._calls([(self._name, text)]) if _is_utf8(self._name) else []
+            self._dropped = not parts
+            return parts
+        return [CallDelta(self.num_calls - 1, text)] if text else []
 
     def finish(self) -> tuple[str, list[CallDelta]]:
-        text = "".join(self._text)
-        try:
-            calls = [_as_call(c, "parameters") for c in strict_loads(text)]
-        except (ValueError, TypeError):
-            return text, []
-        if None in calls:
-            return text, []
-        return "", self._calls(calls)
+        parts = self._send("") if self._name is not None and not self._sent else []
+        if not self.num_calls:
+            return "".join(self._text), []
+        return "", parts
 
 
 class HermesCalls(CallReader):
