@@ -22,6 +22,10 @@ class StructuredOutputsParams:
     # JSON only: no whitespace beyond what the separators need (a small model may otherwise
     # fill max_tokens with it).
     disable_any_whitespace: bool = False
+    # A reasoning model's end of reasoning ("</think>"): the constraint applies to what follows
+    # its first occurrence in the output, the reasoning before it is free (the server sets it
+    # under --reasoning-parser, as vLLM constrains only the answer).
+    starts_after: str | None = None
 
     def __post_init__(self) -> None:
         set_fields = [name for name in _CONSTRAINTS if getattr(self, name) not in (None, False)]
@@ -41,7 +45,7 @@ class StructuredOutputsParams:
                                                for c in self.choice)):
             raise ValueError("structured_outputs choice must be a non-empty list of non-empty "
                              "strings")
-        for name in ("regex", "grammar"):
+        for name in ("regex", "grammar", "starts_after"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ValueError(f"structured_outputs {name} must be a non-empty string")

@@ -4,13 +4,14 @@ offline engine's text (greedy, fp32)."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import openai
 import pytest
 from test_server import MODEL, MODEL_FLAGS, LiveServer, one_thread
 
-from specserve import SamplingParams
+from specserve import SamplingParams, StructuredOutputsParams
 from specserve.server.reasoning import ReasoningReader
 from specserve.server.replies import ReplyReader
 from specserve.server.tool_calls import HermesCalls, merge_calls
@@ -110,20 +111,37 @@ def test_the_server_splits_the_offline_reply(client: openai.OpenAI, llm):
     assert getattr(hidden.choices[0].message, "reasoning_content", None) is None
 
 
-def test_a_reply_cut_short_is_all_reasoning_and_a_structured_one_all_content(
-        client: openai.OpenAI, llm):
+def test_a_reply_cut_short_is_all_reasoning(client: openai.OpenAI, llm):
     messages = [{"role": "user", "content": "Name three primary colors."}]
     text = _offline(llm, messages, max_tokens=8)
     resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
                                           temperature=0)
     message = resp.choices[0].message
     assert message.reasoning_content == text and message.content is None
-    # Under a grammar the whole reply was constrained: none of it is reasoning.
-    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
-                                          temperature=0,
-                                          extra_body={"structured_outputs": {"choice": ["red"]}})
+
+
+def test_a_structured_answer_follows_free_reasoning(client: openai.OpenAI, llm):
+    """Under a structured output the reasoning stays free and the answer after it is
+    constrained (vLLM's rule), streamed or not; a forced tool call too."""
+    want = _offline(llm, PATTERN, max_tokens=12,
+                    structured_outputs=StructuredOutputsParams(choice=["YES"],
+                                                               starts_after="</think>"))
+    assert want == " c.</think>YES"  # free, the model wrote "Done."
+    body = {"model": MODEL, "messages": PATTERN, "max_tokens": 12, "temperature": 0,
+            "extra_body": {**CONTINUE, "structured_outputs": {"choice": ["YES"]}}}
+    message = client.chat.completions.create(**body).choices[0].message
+    assert (message.reasoning_content, message.content) == (" c.", "YES")
+    deltas = [c.choices[0].delta for c in client.chat.completions.create(**body, stream=True)]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == " c."
+    assert "".join(d.content or "" for d in deltas) == "YES"
+    tools = [{"type": "function", "function": {"name": "answer", "parameters": {
+        "type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}}}]
+    resp = client.chat.completions.create(
+        model=MODEL, messages=PATTERN, max_tokens=24, temperature=0, tools=tools,
+        tool_choice={"type": "function", "function": {"name": "answer"}}, extra_body=CONTINUE)
     message = resp.choices[0].message
-    assert message.content == "red" and getattr(message, "reasoning_content", None) is None
+    assert message.reasoning_content == " c."
+    assert isinstance(json.loads(message.tool_calls[0].function.arguments)["ok"], bool)
 
 
 def test_a_response_of_reasoning_whole_and_streamed(client: openai.OpenAI, llm):

@@ -201,6 +201,79 @@ def tok_vocab(llm) -> int:
     return llm.engine.model_config.vocab_size
 
 
+def test_a_grammar_after_the_reasoning_masks_only_the_rows_after_its_end(llm):
+    """starts_after: rows up to the draft that ends the reasoning are free, the rows after it
+    are masked from the grammar's start; the emitted reasoning, in two steps that split the
+    end's bytes, leaves the matcher at its start, then the answer advances it."""
+    engine, tok = llm.engine, llm.get_tokenizer()
+    backend = engine._grammar_backend()
+    spec = StructuredOutputsParams(grammar='root ::= "ab" "cd"', starts_after="</think>")
+    req = Request("after-test", [1, 2, 3], SamplingParams(structured_outputs=spec))
+    req.grammar, req.grammar_after = backend.matcher(spec, set()), b"</think>"
+    think = tok.encode(" ok.</think>", add_special_tokens=False)
+    ab, cd = tok.convert_tokens_to_ids("ab"), tok.convert_tokens_to_ids("cd")
+    req.spec_token_ids = think + [ab, cd]
+    vocab = engine.model_config.vocab_size
+    logits = torch.zeros(len(req.spec_token_ids) + 1, vocab)
+    backend.mask(logits, [(req, len(req.spec_token_ids))])
+    allowed = [set(torch.isfinite(row).nonzero().flatten().tolist()) for row in logits]
+    n = len(think)
+    assert all(len(a) == vocab for a in allowed[:n])  # still reasoning: free
+    assert ab in allowed[n] and cd not in allowed[n]  # the answer starts under the grammar
+    assert cd in allowed[n + 1] and ab not in allowed[n + 1]
+    # Emitted: the end split across two steps; then the answer's first token.
+    cut = next(i for i in range(1, n) if b"</" in b"".join(
+        backend._token_bytes[t] for t in think[:i + 1]))
+    backend.accept_emitted(req, think[:cut])
+    assert req.grammar_after is not None
+    backend.accept_emitted(req, think[cut:] + [ab])
+    assert req.grammar_after is None
+    req.spec_token_ids = []
+    after = torch.zeros(1, vocab)
+    backend.mask(after, [(req, 0)])
+    allowed = set(torch.isfinite(after[0]).nonzero().flatten().tolist())
+    assert cd in allowed and ab not in allowed and len(allowed) < 4  # "cd" (or "c", then "d")
+
+
+# SmolLM2 does not reason; continuing this assistant message it writes " c.</think>Done...", as a
+# reasoning model closes its reasoning.
+REASONING = [{"role": "user", "content": "Think, then answer."},
+             {"role": "assistant", "content": "Think: a b c.</think>Done.\nThink: a b c.</think>"
+                                              "Done.\nThink: a b"}]
+
+
+OK = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+      "additionalProperties": False}
+AFTER_REASONING = [dataclasses.replace(StructuredOutputsParams(choice=["YES"]),
+                                       starts_after="</think>"),
+                   StructuredOutputsParams(json=OK, disable_any_whitespace=True,
+                                           starts_after="</think>")]
+
+
+@pytest.fixture(scope="module")
+def after_reasoning(llm) -> list[str]:
+    """The replies without speculation: the reasoning free, then the constrained answer."""
+    return [llm.chat(REASONING, _params(spec, max_tokens=24, speculation_policy="off"),
+                     add_generation_prompt=False, continue_final_message=True)[0].outputs[0].text
+            for spec in AFTER_REASONING]
+
+
+def test_the_answer_after_the_reasoning_is_constrained(after_reasoning):
+    (yes, ok) = [text.partition("</think>") for text in after_reasoning]
+    assert yes == (" c.", "</think>", "YES")  # free, the model wrote "Done."
+    assert ok[0] == " c." and isinstance(json.loads(ok[2])["ok"], bool)
+
+
+@pytest.mark.parametrize("name", list(SPEC_CONFIGS))
+def test_speculation_around_the_end_of_reasoning_is_lossless(spec_llms, after_reasoning, name):
+    """Drafts across the end of the reasoning: the rows before it free, those after masked."""
+    got = [spec_llms[name].chat(REASONING, _params(spec, max_tokens=24),
+                                add_generation_prompt=False,
+                                continue_final_message=True)[0].outputs[0].text
+           for spec in AFTER_REASONING]
+    assert got == after_reasoning
+
+
 def test_a_completed_grammar_ends_the_output_despite_min_tokens(llm):
     """min_tokens masks stop tokens, but a completed grammar allows nothing else: the grammar
     wins, the output ends at its EOS (not with a token from an all -inf row)."""

@@ -43,7 +43,7 @@ from specserve.models.loader import load_model
 from specserve.outputs import RequestOutput
 from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.sample.emit import emit_tokens, mask_stops_before_min_tokens
-from specserve.sample.grammar import GrammarBackend, accept_emitted
+from specserve.sample.grammar import GrammarBackend
 from specserve.sample.penalties import apply_penalties
 from specserve.sample.token_bans import BadWords, apply_token_bans, bad_words_token_ids
 from specserve.sampling_params import SamplingParams
@@ -305,6 +305,8 @@ class LLMEngine:
         if params.structured_outputs is not None:
             req.grammar = self._grammar_backend().matcher(params.structured_outputs,
                                                           req.stop_token_ids)
+            if (after := params.structured_outputs.starts_after) is not None:
+                req.grammar_after = after.encode()
         req.stream = stream or bool(params.stop)
         self.requests[request_id] = req
         self.scheduler.add_request(req)
@@ -439,7 +441,7 @@ class LLMEngine:
             if req.grammar is not None:
                 if req.jump_forward_tail is not None:
                     self._grammar.observe_tail(req, tokens)
-                accept_emitted(req, tokens)
+                self._grammar.accept_emitted(req, tokens)
             num_before = req.num_output_tokens
             self._append_and_check(req, tokens)
             num_new = req.num_output_tokens - num_before
@@ -542,7 +544,8 @@ class LLMEngine:
             return
         limit = self.jump_forward_tokens
         for req in self.scheduler.running:
-            if (req.grammar is None or req.spec_token_ids or req.grammar.is_terminated()
+            if (req.grammar is None or req.grammar_after is not None or req.spec_token_ids
+                    or req.grammar.is_terminated()
                     or req.num_computed_tokens != req.num_tokens - 1
                     or req.params.speculation_policy == "off"
                     or req.drafts_nothing):

@@ -72,6 +72,10 @@ class Request:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.grammar = None  # xgrammar GrammarMatcher of a structured-output request
+        # While the grammar waits for the end of reasoning (StructuredOutputsParams.
+        # starts_after): its bytes, and the output's last bytes that may begin them.
+        self.grammar_after: bytes | None = None
+        self.grammar_tail = b""
         self.processes_logits = has_logit_processing(params)  # bias, penalties, bans
         self.unique_prompt_ids: torch.Tensor | None = None  # repetition_penalty, made once
         # logit_bias as (token ids, values), made once (sample/penalties.py)

@@ -172,21 +172,28 @@ class GrammarBackend:
     def mask(self, logits: torch.Tensor, sampling: list[tuple[Request, int]]) -> None:
         """Mask, in place, every row a constrained request samples from this step. sampling:
         (request, K) in row order, K + 1 rows each."""
-        constrained = [(req, k, row) for (req, k), row in zip(sampling, _row_starts(sampling),
-                                                              strict=True)
-                       if req.grammar is not None and not req.grammar.is_terminated()]
-        if not constrained:  # every matcher terminated (EOS under ignore_eos)
+        constrained = []  # (request, K, its first row, its first constrained row)
+        for (req, k), row in zip(sampling, _row_starts(sampling), strict=True):
+            if req.grammar is None or req.grammar.is_terminated():
+                continue
+            start = 0
+            if req.grammar_after is not None:  # rows up to the end of reasoning are free
+                start = self._after_end(req, req.spec_token_ids[:k])
+                if start is None:
+                    continue
+            constrained.append((req, k, row, start))
+        if not constrained:  # every matcher terminated (EOS under ignore_eos) or waiting
             return
-        bitmask = self._xgr.allocate_token_bitmask(sum(k + 1 for _, k, _ in constrained),
-                                                   self.vocab_size)
+        bitmask = self._xgr.allocate_token_bitmask(
+            sum(k + 1 - start for _, k, _, start in constrained), self.vocab_size)
         rows: list[int] = []  # logits row of each filled bitmask row
-        for req, k, row in constrained:
+        for req, k, row, start in constrained:
             matcher = req.grammar
             matcher.fill_next_token_bitmask(bitmask, len(rows))
-            rows.append(row)
+            rows.append(row + start)
             advanced = 0
             try:
-                for j, token in enumerate(req.spec_token_ids[:k]):
+                for j, token in enumerate(req.spec_token_ids[start:k], start):
                     if not matcher.accept_token(token):
                         break  # draft j is rejected: rows after it are never read
                     advanced += 1
@@ -198,6 +205,34 @@ class GrammarBackend:
                 if advanced:
                     matcher.rollback(advanced)
         _apply_bitmask(logits, bitmask[:len(rows)], rows, self.vocab_size)
+
+    def _after_end(self, req: Request, tokens: list[int]) -> int | None:
+        """How many of `tokens` (emitted after the output so far) end the reasoning of a
+        request whose grammar waits for it: the grammar constrains the token after them; None
+        if the reasoning goes on past them. The end is found in bytes (a model may split
+        `</think>` into other tokens than its encoding); a token that completes it ends the
+        reasoning whole."""
+        end, seen = req.grammar_after, req.grammar_tail
+        for i, token in enumerate(tokens):
+            seen += self._token_bytes[token] if token < len(self._token_bytes) else b""
+            if end in seen:
+                return i + 1
+            seen = seen[-(len(end) - 1):] if len(end) > 1 else b""
+        return None
+
+    def accept_emitted(self, req: Request, tokens: list[int]) -> None:
+        """Advance a constrained request's matcher over the tokens it emitted this step (those
+        after its reasoning, for one that waits for it)."""
+        if req.grammar_after is not None:
+            start = self._after_end(req, tokens)
+            if start is None:  # still reasoning: keep the bytes that may begin its end
+                seen = req.grammar_tail + b"".join(
+                    self._token_bytes[t] for t in tokens if t < len(self._token_bytes))
+                keep = len(req.grammar_after) - 1
+                req.grammar_tail = seen[len(seen) - keep:] if keep else b""
+                return
+            req.grammar_after, tokens = None, tokens[start:]
+        _accept(req, tokens)
 
 
 def _row_starts(sampling: list[tuple[Request, int]]) -> list[int]:
@@ -229,8 +264,8 @@ def _apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int],
                 forbidden, float("-inf"))
 
 
-def accept_emitted(req: Request, tokens: list[int]) -> None:
-    """Advance a constrained request's matcher over the tokens it emitted this step."""
+def _accept(req: Request, tokens: list[int]) -> None:
+    """Advance a constrained request's matcher over tokens it emitted."""
     matcher = req.grammar
     for token in tokens:
         if matcher.is_terminated():

@@ -45,8 +45,9 @@ class ReplyReader:
 
 def reply_reader(req, constrained: bool, tool_call_parser: str | None,
                  reasoning_parser: str | None) -> ReplyReader | None:
-    """How one choice of a chat request is read (None: as text). A reply under a structured
-    output (`constrained`) has no reasoning: the grammar constrained all of it."""
+    """How one choice of a chat request is read (None: as text). A reply constrained whole by
+    a structured output (`constrained`: one that does not wait for the end of reasoning) has
+    no reasoning."""
     named = req.tool_choice.function.name if req.tool_mode == "named" else None
     calls = call_reader(req.tool_mode, tool_call_parser, named, req.parallel_tool_calls)
     reasoning = (REASONING_PARSERS[reasoning_parser]()

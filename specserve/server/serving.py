@@ -64,6 +64,7 @@ from specserve.server.protocol import (
     TopLogprob,
     UsageInfo,
 )
+from specserve.server.reasoning import REASONING_PARSERS
 from specserve.server.replies import ReplyReader, reply_reader
 from specserve.server.response_events import ResponseEvents, response_events, whole_response
 from specserve.server.responses import ResponsesRequest
@@ -257,6 +258,11 @@ class OpenAIServing:
                 # A model's call tags may be special tokens (Hermes 2 Pro's are): they must
                 # reach the parser, as vLLM's hermes parser keeps them.
                 params.skip_special_tokens = False
+            if self.reasoning_parser and params.structured_outputs is not None:
+                # A reasoning model reasons first, freely; its answer is constrained (vLLM's).
+                params.structured_outputs = dataclasses.replace(
+                    params.structured_outputs,
+                    starts_after=REASONING_PARSERS[self.reasoning_parser].END)
         return prompt_ids, params
 
     async def responses(self, req: ResponsesRequest, raw: Request) -> Response:
@@ -478,8 +484,9 @@ class OpenAIServing:
 
     def _reply_reader(self, req: ChatCompletionRequest, params: SamplingParams
                       ) -> ReplyReader | None:
-        return reply_reader(req, params.structured_outputs is not None, self.tool_call_parser,
-                            self.reasoning_parser)
+        so = params.structured_outputs
+        return reply_reader(req, so is not None and so.starts_after is None,
+                            self.tool_call_parser, self.reasoning_parser)
 
     # ---- logprobs -----------------------------------------------------------------------------
     def _decode_token(self, token_id: int) -> str:
