@@ -86,7 +86,7 @@ CONTINUE = {"add_generation_prompt": False, "continue_final_message": True}
 
 def _offline(llm, messages, **kw) -> str:
     with one_thread():
-        chat_kw = CONTINUE if messages is PATTERN else {}
+        chat_kw = CONTINUE if messages[-1]["role"] == "assistant" else {}
         return llm.chat(messages, SamplingParams(temperature=0, **kw), **chat_kw)[0].outputs[0].text
 
 
@@ -158,3 +158,17 @@ def test_a_response_of_reasoning_whole_and_streamed(client: openai.OpenAI, llm):
                                           temperature=0, max_output_tokens=8, stream=True))
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == text
     assert events[-1].type == "response.incomplete"
+
+
+def test_a_prompt_that_closes_the_reasoning_gets_an_answer(client: openai.OpenAI, llm):
+    """A template asked not to think ends the prompt with </think>: the reply is all answer,
+    and a structured output constrains it from its first token."""
+    closed = [PATTERN[0], {"role": "assistant", "content": "Think: a b c.</think>"}]
+    text = _offline(llm, closed, max_tokens=8)
+    body = {"model": MODEL, "messages": closed, "max_tokens": 8, "temperature": 0,
+            "extra_body": CONTINUE}
+    message = client.chat.completions.create(**body).choices[0].message
+    assert message.content == text and getattr(message, "reasoning_content", None) is None
+    body["extra_body"] = {**CONTINUE, "structured_outputs": {"choice": ["YES"]}}
+    message = client.chat.completions.create(**body).choices[0].message
+    assert message.content == "YES"

@@ -195,7 +195,7 @@ REQUIRED_REPLIES = [
     '[{"name": "get_time", "parameters": {"timezone": "UTC"}}, '
     '{"name": "get_weather", "parameters": {"city": "Oslo", "unit": "celsius"}}]',
     '[\n  {\n    "name": "f",\n    "parameters": {"a": [1, {"b": "x}]\\"y"}], "c": null}\n  }\n]',
-    '[{"parameters": {"z": 1}, "name": "late"}]',  # parameters first: sent with the name
+    '[{"parameters": {"z": 1}, "name": "late"}, {"name": "b", "parameters": {}}]',  # first
     '[{"name": "n", "parameters": 5}, {"name": "m", "parameters": "s,}"}]',
     '[{"name": "caf\\u00e9", "parameters": {}}]',
 ]

@@ -221,13 +221,18 @@ def test_a_grammar_after_the_reasoning_masks_only_the_rows_after_its_end(llm):
     assert all(len(a) == vocab for a in allowed[:n])  # still reasoning: free
     assert ab in allowed[n] and cd not in allowed[n]  # the answer starts under the grammar
     assert cd in allowed[n + 1] and ab not in allowed[n + 1]
-    # Emitted: the end split across two steps; then the answer's first token.
-    cut = next(i for i in range(1, n) if b"</" in b"".join(
-        backend._token_bytes[t] for t in think[:i + 1]))
-    backend.accept_emitted(req, think[:cut])
-    assert req.grammar_after is not None
-    backend.accept_emitted(req, think[cut:] + [ab])
-    assert req.grammar_after is None
+    # Emitted in steps that split the end's bytes, one token at a time and after "</"
+    # (" ok.</" then "think>"); then the answer's first token.
+    split = tok.convert_tokens_to_ids(["</", "th", "ink", ">"])  # another split of the end
+    for tokens, cuts in ((think, [1, 2, 3, 4]), (think, [think.index(split[0]) + 1]),
+                         (split, [2])):
+        req.grammar, req.grammar_after, req.grammar_tail = (backend.matcher(spec, set()),
+                                                            b"</think>", b"")
+        for a, b in zip([0, *cuts], [*cuts, len(tokens)], strict=True):
+            assert req.grammar_after is not None
+            backend.accept_emitted(req, tokens[a:b])
+        assert req.grammar_after is None, (tokens, cuts)
+    backend.accept_emitted(req, [ab])
     req.spec_token_ids = []
     after = torch.zeros(1, vocab)
     backend.mask(after, [(req, 0)])

@@ -178,7 +178,7 @@ class GrammarBackend:
                 continue
             start = 0
             if req.grammar_after is not None:  # rows up to the end of reasoning are free
-                start = self._after_end(req, req.spec_token_ids[:k])
+                start, _ = self._after_end(req, req.spec_token_ids[:k])
                 if start is None:
                     continue
             constrained.append((req, k, row, start))
@@ -206,30 +206,28 @@ class GrammarBackend:
                     matcher.rollback(advanced)
         _apply_bitmask(logits, bitmask[:len(rows)], rows, self.vocab_size)
 
-    def _after_end(self, req: Request, tokens: list[int]) -> int | None:
+    def _after_end(self, req: Request, tokens: list[int]) -> tuple[int | None, bytes]:
         """How many of `tokens` (emitted after the output so far) end the reasoning of a
-        request whose grammar waits for it: the grammar constrains the token after them; None
-        if the reasoning goes on past them. The end is found in bytes (a model may split
-        `</think>` into other tokens than its encoding); a token that completes it ends the
-        reasoning whole."""
+        request whose grammar waits for it: the grammar constrains the token after them (None
+        if the reasoning goes on past them); and the output's last bytes that may begin the
+        end, after them. The end is found in bytes (a model may split `</think>` into other
+        tokens than its encoding); a token that completes it ends the reasoning whole, and the
+        rest of that token's text is not constrained."""
         end, seen = req.grammar_after, req.grammar_tail
+        keep = len(end) - 1
         for i, token in enumerate(tokens):
             seen += self._token_bytes[token] if token < len(self._token_bytes) else b""
             if end in seen:
-                return i + 1
-            seen = seen[-(len(end) - 1):] if len(end) > 1 else b""
-        return None
+                return i + 1, b""
+            seen = seen[len(seen) - keep:] if len(seen) > keep else seen
+        return None, seen
 
     def accept_emitted(self, req: Request, tokens: list[int]) -> None:
         """Advance a constrained request's matcher over the tokens it emitted this step (those
         after its reasoning, for one that waits for it)."""
         if req.grammar_after is not None:
-            start = self._after_end(req, tokens)
-            if start is None:  # still reasoning: keep the bytes that may begin its end
-                seen = req.grammar_tail + b"".join(
-                    self._token_bytes[t] for t in tokens if t < len(self._token_bytes))
-                keep = len(req.grammar_after) - 1
-                req.grammar_tail = seen[len(seen) - keep:] if keep else b""
+            start, req.grammar_tail = self._after_end(req, tokens)
+            if start is None:  # still reasoning
                 return
             req.grammar_after, tokens = None, tokens[start:]
         _accept(req, tokens)

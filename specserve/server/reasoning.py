@@ -3,8 +3,10 @@
 (DeepSeek's API name, which most clients read) and the second as `content`.
 
 A ReasoningReader reads one choice's reply, streamed or whole (fed once): both give the same
-split. A reply under a structured output (a forced tool call, a JSON schema) is not split: the
-grammar constrained all of it, so none of it is reasoning.
+split. Under a structured output (a forced tool call, a JSON schema) the reasoning is free and
+the grammar constrains the answer after it (StructuredOutputsParams.starts_after). A prompt
+that closes the reasoning itself (a template asked not to think) gets a reply that is all
+answer.
 """
 
 from __future__ import annotations

@@ -43,15 +43,13 @@ class ReplyReader:
         return finish_reason
 
 
-def reply_reader(req, constrained: bool, tool_call_parser: str | None,
-                 reasoning_parser: str | None) -> ReplyReader | None:
-    """How one choice of a chat request is read (None: as text). A reply constrained whole by
-    a structured output (`constrained`: one that does not wait for the end of reasoning) has
-    no reasoning."""
+def reply_reader(req, tool_call_parser: str | None, reasoning_parser: str | None
+                 ) -> ReplyReader | None:
+    """How one choice of a chat request is read (None: as text). reasoning_parser: None for a
+    reply without reasoning to split off."""
     named = req.tool_choice.function.name if req.tool_mode == "named" else None
     calls = call_reader(req.tool_mode, tool_call_parser, named, req.parallel_tool_calls)
-    reasoning = (REASONING_PARSERS[reasoning_parser]()
-                 if reasoning_parser and not constrained else None)
+    reasoning = REASONING_PARSERS[reasoning_parser]() if reasoning_parser else None
     if calls is None and reasoning is None:
         return None
     return ReplyReader(reasoning, calls, req.include_reasoning, req.tool_mode)

@@ -206,11 +206,12 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
-        prompt_ids, params = await self._chat_prompt(req)
+        prompt_ids, params, reasoning = await self._chat_prompt(req)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream)
         if req.stream:
-            events = self._chat_events(request_id, req, params, stream, len(prompt_ids))
+            events = self._chat_events(request_id, req, params, reasoning, stream,
+                                       len(prompt_ids))
             return EventStreamResponse(events, stream)
         outputs = await collect_outputs(stream, raw)
         if outputs is None:
@@ -222,7 +223,7 @@ class OpenAIServing:
                         else self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0,
                                                  req.return_tokens_as_token_ids))
             message, finish_reason = ChatResponseMessage(content=c.text), c.finish_reason
-            if (reader := self._reply_reader(req, params)) is not None:
+            if (reader := self._reply_reader(req, params, reasoning)) is not None:
                 reasoning, content, parts = reader.feed(c.text, finished=True)
                 calls = [ToolCall(id=call_id, function=FunctionCall(name=name, arguments=args))
                          for call_id, name, args in merge_calls(parts)]
@@ -239,8 +240,11 @@ class OpenAIServing:
                                                   req.prompt_logprobs))
         return _json(body)
 
-    async def _chat_prompt(self, req: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
-        """A conversation's prompt ids and sampling parameters (400s for what is refused)."""
+    async def _chat_prompt(self, req: ChatCompletionRequest
+                           ) -> tuple[list[int], SamplingParams, bool]:
+        """A conversation's prompt ids, sampling parameters (400s for what is refused), and
+        whether the reply starts with reasoning to split off (a reasoning parser, and a prompt
+        that does not close the reasoning itself, as a template asked not to think does)."""
         if req.tool_mode == "auto" and self.tool_call_parser is None:
             # As vLLM: the model's own call format is read only by a parser chosen for it.
             raise APIError(400, 'tool_choice "auto" (the default with tools) needs the server '
@@ -258,21 +262,29 @@ class OpenAIServing:
                 # A model's call tags may be special tokens (Hermes 2 Pro's are): they must
                 # reach the parser, as vLLM's hermes parser keeps them.
                 params.skip_special_tokens = False
-            if self.reasoning_parser and params.structured_outputs is not None:
+            reasoning = self.reasoning_parser is not None and not self._closes_reasoning(
+                prompt_ids)
+            if reasoning and params.structured_outputs is not None:
                 # A reasoning model reasons first, freely; its answer is constrained (vLLM's).
                 params.structured_outputs = dataclasses.replace(
                     params.structured_outputs,
                     starts_after=REASONING_PARSERS[self.reasoning_parser].END)
-        return prompt_ids, params
+        return prompt_ids, params, reasoning
+
+    def _closes_reasoning(self, prompt_ids: list[int]) -> bool:
+        """Whether the prompt ends with the end of reasoning (`</think>`, as a template writes
+        it when asked not to think): the reply is then all answer."""
+        end = REASONING_PARSERS[self.reasoning_parser].END
+        return decode(self._tokenizer, prompt_ids[-16:], False).rstrip().endswith(end)
 
     async def responses(self, req: ResponsesRequest, raw: Request) -> Response:
         """OpenAI's Responses API, run as the chat request it means (responses.py)."""
         self.check_model(req.model)
         chat = req.chat
-        prompt_ids, params = await self._chat_prompt(chat)
+        prompt_ids, params, reasoning = await self._chat_prompt(chat)
         response_id = new_id("resp")
         stream = await self._submit(response_id, [prompt_ids], params, 1, req.stream)
-        reader = self._reply_reader(chat, params)
+        reader = self._reply_reader(chat, params, reasoning)
         events = ResponseEvents(response_id, self.model_name, req, self._cache_block,
                                 lambda text: len(encode_prompt(self._tokenizer, text, False)))
         if req.stream:
@@ -425,7 +437,7 @@ class OpenAIServing:
                                      choices=[], usage=_usage(num_prompt_tokens, final, req.n))
 
     async def _chat_events(self, request_id: str, req: ChatCompletionRequest,
-                           params: SamplingParams, stream: OutputStream,
+                           params: SamplingParams, reasoning: bool, stream: OutputStream,
                            num_prompt_tokens: int) -> AsyncIterator[BaseModel | str]:
         created = int(time.time())
 
@@ -447,7 +459,7 @@ class OpenAIServing:
             [ChatStreamChoice(index=i, delta=DeltaMessage(content=text))]))
         reasoning_chunk = TextChunk(lambda i, text: chunk(
             [ChatStreamChoice(index=i, delta=DeltaMessage(reasoning_content=text))]))
-        readers = [self._reply_reader(req, params) for _ in range(num_choices)]
+        readers = [self._reply_reader(req, params, reasoning) for _ in range(num_choices)]
         async for i, out in stream:
             c = out.outputs[0]
             text = deltas.text(i, c.text, out.finished)
@@ -482,11 +494,12 @@ class OpenAIServing:
         if req.include_usage:
             yield chunk([], _usage(num_prompt_tokens, final, req.n))
 
-    def _reply_reader(self, req: ChatCompletionRequest, params: SamplingParams
-                      ) -> ReplyReader | None:
+    def _reply_reader(self, req: ChatCompletionRequest, params: SamplingParams,
+                      reasoning: bool) -> ReplyReader | None:
+        """reasoning: whether the reply starts with reasoning (_chat_prompt)."""
         so = params.structured_outputs
-        return reply_reader(req, so is not None and so.starts_after is None,
-                            self.tool_call_parser, self.reasoning_parser)
+        split = reasoning and (so is None or so.starts_after is not None)
+        return reply_reader(req, self.tool_call_parser, self.reasoning_parser if split else None)
 
     # ---- logprobs -----------------------------------------------------------------------------
     def _decode_token(self, token_id: int) -> str:

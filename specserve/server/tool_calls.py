@@ -188,9 +188,10 @@ class NamedCall(CallReader):
 
 class RequiredCalls(CallReader):
     """tool_choice "required": the reply is a JSON array of `{"name", "parameters"}` calls (its
-    grammar says so), read as it grows. A call goes out once its name is read, then its
-    parameters' JSON text as the model writes it (as a named call's arguments do). A reply cut
-    short by max_tokens keeps the calls it began; one cut before any name is content."""
+    grammar says so), read as it grows. A call goes out with the first of its parameters' text
+    (the model's own JSON text, as a named call's arguments are), then the rest as it comes. A
+    reply cut short by max_tokens keeps the calls it began; one cut before any name is
+    content."""
 
     def __init__(self, max_calls: int | None = None) -> None:
         super().__init__(max_calls)
@@ -238,17 +239,19 @@ class RequiredCalls(CallReader):
                 if self._in_string:
                     self._string.append(c)
                 else:
-                    self._end_string("".join(self._string))
+                    named = self._end_string("".join(self._string))
                     self._string = None
+                    if named and self._held:  # its parameters came first: it goes out now
+                        parts += self._send("")
             elif c == ":" and self._depth == 2 and self._key == "parameters":
                 self._expect_value, self._key = True, None
             elif c == "{" and self._depth == 2:  # a call begins
+                if self._name is not None and not self._sent:  # the last one had no parameters
+                    parts += self._send("")
                 self._key = self._name = None
                 self._held, self._sent, self._dropped = [], False, False
         if value:
             parts += self._send("".join(value))
-        if self._name is not None and not self._sent and self._held:  # parameters came first
-            parts += self._send("")
         return "", parts
 
     def _scan(self, c: str) -> None:
@@ -267,17 +270,19 @@ class RequiredCalls(CallReader):
         elif c in "}]":
             self._depth -= 1
 
-    def _end_string(self, raw: str) -> None:
-        """A depth-2 string ended: a member's key, or its value (the name's)."""
+    def _end_string(self, raw: str) -> bool:
+        """A depth-2 string ended: a member's key, or its value. True for the call's name."""
         if self._key is None:
             self._key = raw
-            return
-        if self._key == "name":
+            return False
+        named = self._key == "name"
+        if named:
             try:
                 self._name = strict_loads(f'"{raw}"')
             except ValueError:
                 self._name = raw
         self._key = None
+        return named
 
     def _send(self, text: str) -> list[CallDelta]:
         """Parameters text of the open call: out once its name is known, held until then."""
