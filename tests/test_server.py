@@ -560,6 +560,27 @@ def test_continue_final_message_and_generation_prompt(server: LiveServer, llm):
         assert resp.status_code == 400, (extra, resp.text)
 
 
+def test_chat_echo_repeats_the_message_it_continues(client: openai.OpenAI, llm):
+    """vLLM's echo: the content starts with the last message's when that is the assistant's
+    (continued here), streamed in a chunk of its own; otherwise nothing is repeated."""
+    messages = [*CHAT, {"role": "assistant", "content": "The three primary colors are"}]
+    with one_thread():
+        text = llm.chat(messages, SamplingParams(temperature=0, max_tokens=8),
+                        add_generation_prompt=False,
+                        continue_final_message=True)[0].outputs[0].text
+    extra = {"echo": True, "add_generation_prompt": False, "continue_final_message": True}
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
+                                          temperature=0, extra_body=extra)
+    assert resp.choices[0].message.content == messages[-1]["content"] + text
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8,
+                                                 temperature=0, stream=True, extra_body=extra))
+    contents = [c.choices[0].delta.content for c in chunks if c.choices[0].delta.content]
+    assert contents[0] == messages[-1]["content"] and "".join(contents[1:]) == text
+    plain = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4,
+                                           temperature=0, extra_body={"echo": True})
+    assert plain.choices[0].message.content == offline_text(llm, CHAT, max_tokens=4)[0]
+
+
 def _sse_chunks(server: LiveServer, path: str, body: dict) -> list[dict]:
     with httpx.stream("POST", f"{server.url}{path}", json=body, timeout=60) as resp:
         assert resp.status_code == 200, resp.read()
@@ -627,7 +648,6 @@ def test_text_chunk_with_usage_equals_the_pydantic_model():
     ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
     ("/v1/chat/completions", {"chat_template": "{{ messages }}"}, "chat_template"),
-    ("/v1/chat/completions", {"echo": True}, "echo"),
 ])
 def test_refuses_what_it_would_otherwise_ignore(server: LiveServer, path: str, extra: dict,
                                                 name: str):

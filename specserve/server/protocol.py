@@ -442,7 +442,7 @@ def _arguments_object(arguments: str) -> dict:
 # default (it is arbitrary code for the template engine).
 _UNSUPPORTED_CHAT = {
     "functions": (None, []), "function_call": (None, "none", "auto"), "audio": (None,),
-    "modalities": (None, ["text"]), "web_search_options": (None,), "echo": (None, False),
+    "modalities": (None, ["text"]), "web_search_options": (None,),
     "chat_template": (None,), "add_special_tokens": (None, False),
 }
 
@@ -478,6 +478,9 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     parallel_tool_calls: StrictBool = True
     # vLLM's: with --reasoning-parser, false leaves the reasoning out of the response.
     include_reasoning: StrictBool = True
+    # vLLM's: the reply's content starts with the last message's, when that is the
+    # assistant's (the message continue_final_message continues).
+    echo: StrictBool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -522,6 +525,15 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     @property
     def output_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def echoed(self) -> str:
+        """What echo puts before each reply's content ("" without echo)."""
+        last = self.messages[-1]
+        if not self.echo or last.role != "assistant" or last.content is None:
+            return ""
+        return last.content if isinstance(last.content, str) else "\n".join(
+            p.text for p in last.content)
 
     @property
     def num_logprobs(self) -> int | None:

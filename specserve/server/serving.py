@@ -231,6 +231,8 @@ class OpenAIServing:
                     content=content or None, tool_calls=calls or None,
                     reasoning_content=reasoning or None)
                 finish_reason = reader.finish_reason(finish_reason)
+            if req.echoed:
+                message.content = req.echoed + (message.content or "")
             choices.append(ChatChoice(index=i, message=message, logprobs=logprobs,
                                       finish_reason=finish_reason, stop_reason=c.stop_reason))
         body = ChatCompletionResponse(
@@ -448,11 +450,15 @@ class OpenAIServing:
         num_choices = len(stream.request_ids)
         continuous_usage = req.continuous_usage
         num_tokens = (num_prompt_tokens, 0) if continuous_usage else None
-        # The role comes first, before any token: clients render the turn at once.
+        # The role comes first, before any token: clients render the turn at once (with what
+        # echo repeats, in a chunk of its own as vLLM sends it).
         for i in range(num_choices):
             yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant",
                                                                       content=""))],
                         _usage_info(num_tokens))
+            if req.echoed:
+                yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=req.echoed))],
+                            _usage_info(num_tokens))
         deltas = DeltaTracker(num_choices, req.stop)
         final: list[RequestOutput | None] = [None] * num_choices
         text_chunk = TextChunk(lambda i, text: chunk(
