@@ -109,6 +109,9 @@ class SamplingParams:
     # (sample/token_bans.py).
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
+    # vLLM's: requests share cached prompt KV only with requests of the same salt (a tenant's
+    # prompts stay out of another's prefix-cache hits and their timing).
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -197,6 +200,9 @@ class SamplingParams:
                 not isinstance(self.bad_words, (list, tuple))
                 or any(not isinstance(w, str) or not w.strip() for w in self.bad_words)):
             bad("bad_words must be a list of non-blank strings")
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str)
+                                            or not self.cache_salt):
+            bad("cache_salt must be a non-empty string")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs,
                                                                   StructuredOutputsParams):
             bad("structured_outputs must be a StructuredOutputsParams")

@@ -22,8 +22,8 @@ def toks(seed: int, n: int) -> list[int]:
     return [seed * 1000 + i for i in range(n)]
 
 
-def make_req(tokens: list[int], rid: str = "r") -> Request:
-    return Request(rid, list(tokens), SamplingParams(max_tokens=64))
+def make_req(tokens: list[int], rid: str = "r", salt: str | None = None) -> Request:
+    return Request(rid, list(tokens), SamplingParams(max_tokens=64, cache_salt=salt))
 
 
 def blocks_for(n_tokens: int) -> int:
@@ -42,10 +42,10 @@ def prefill(bm: BlockManager, req: Request) -> list[int]:
     return hit
 
 
-def probe(bm: BlockManager, tokens: list[int]) -> list[int]:
+def probe(bm: BlockManager, tokens: list[int], salt: str | None = None) -> list[int]:
     """Block ids a fresh request with these tokens would be served (no allocation); counted
     as a lookup, as the scheduler does when it admits a request."""
-    req = make_req(tokens, "probe")
+    req = make_req(tokens, "probe", salt)
     hit = bm.find_cached_prefix(req)
     bm.record_prefix_lookup(req.num_tokens, len(hit) * BS)
     return hit
@@ -186,6 +186,26 @@ def test_chained_hash_needs_the_same_prefix_not_just_the_same_block():
     # A's second block, but at position 0 / after a different first block: no hit.
     assert probe(bm, toks(1, 2 * BS)[BS:] + [5]) == []
     assert probe(bm, toks(9, BS) + toks(1, 2 * BS)[BS:] + [5]) == []
+
+
+def test_a_cache_salt_shares_a_prefix_only_with_the_same_salt():
+    bm = BlockManager(16, BS)
+    prompt = toks(1, 3 * BS + 1)
+    a = make_req(prompt, "a", salt="tenant-a")
+    prefill(bm, a)
+    assert probe(bm, prompt) == [] and probe(bm, prompt, "tenant-b") == []
+    assert probe(bm, prompt, "tenant-a") == a.block_ids[:3]
+    b = make_req(prompt, "b")  # unsalted: its own blocks, served to unsalted requests only
+    prefill(bm, b)
+    assert probe(bm, prompt) == b.block_ids[:3] != a.block_ids[:3]
+
+
+def test_hash_collision_does_not_serve_another_salts_block(monkeypatch):
+    monkeypatch.setattr(bm_module, "hash_block", lambda parent, token_ids: 12345)
+    bm = BlockManager(16, BS)
+    prompt = toks(1, BS + 1)
+    prefill(bm, make_req(prompt, "a", salt="tenant-a"))
+    assert probe(bm, prompt, "tenant-b") == [] and probe(bm, prompt) == []
 
 
 @pytest.mark.parametrize("k", [1, 2, 3])

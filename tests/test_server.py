@@ -261,6 +261,15 @@ def test_usage_counts_the_prompt_tokens_read_from_the_prefix_cache(client: opena
                                             stream=True, stream_options={"include_usage": True})
     usage = [c.usage for c in stream if c.usage is not None][-1]
     assert 0 < usage.prompt_tokens_details.cached_tokens <= usage.prompt_tokens
+    # vLLM's cache_salt: a tenant's requests hit only their own salt's cached prefix.
+
+    def cached(salt: str) -> int:
+        return client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=1, extra_body={"cache_salt": salt},
+        ).usage.prompt_tokens_details.cached_tokens
+    assert cached("tenant-a") == 0  # the unsalted copy is not served
+    assert cached("tenant-a") == again.usage.prompt_tokens_details.cached_tokens  # its own is
+    assert cached("tenant-b") == 0
 
 
 # ---- sampling features -----------------------------------------------------------------------

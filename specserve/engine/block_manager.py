@@ -25,12 +25,20 @@ class Block:
         self.block_hash: int | None = None
         self.token_ids: tuple[int, ...] | None = None
         # (block_id, generation) of the block before it in the sequence; None for the first.
-        self.parent: tuple[int, int] | None = None
+        # the block before it (id, generation), or for a first block its request's salt
+        self.parent: tuple | None = None
         self.generation = 0  # bumped on every reuse, so a stale parent link never matches
 
 
 def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
+
+
+def _salt(req) -> tuple[str, str] | None:
+    """What comes before a request's first block: vLLM's cache_salt, so that requests with
+    different salts (tenants) never share cached KV, nor learn from a hit's speed what another
+    prompted."""
+    return None if req.cache_salt is None else ("salt", req.cache_salt)
 
 
 class BlockManager:
@@ -58,7 +66,7 @@ class BlockManager:
         bs, hashes, ids = self.block_size, req.block_hashes, req.all_token_ids
         while (len(hashes) + 1) * bs <= num_tokens:
             i = len(hashes)
-            parent = hashes[-1] if hashes else None
+            parent = hashes[-1] if hashes else (None if (s := _salt(req)) is None else hash(s))
             hashes.append(hash_block(parent, tuple(ids[i * bs:(i + 1) * bs])))
         return hashes
 
@@ -77,7 +85,7 @@ class BlockManager:
         limit = req.max_cached_prefix
         hashes = self._request_hashes(req, limit)[:limit // self.block_size]
         hit: list[int] = []
-        parent = None
+        parent = _salt(req)
         bs = self.block_size
         for i, h in enumerate(hashes):
             block_id = self.cached.get(h)
@@ -171,7 +179,7 @@ class BlockManager:
             if block.block_hash is not None:  # served from the cache at admission
                 continue
             prev = self.blocks[req.block_ids[i - 1]] if i else None
-            parent = (prev.block_id, prev.generation) if prev else None
+            parent = (prev.block_id, prev.generation) if prev else _salt(req)
             token_ids = tuple(req.all_token_ids[i * bs:(i + 1) * bs])
             held = self.cached.get(hashes[i])
             if held is not None:

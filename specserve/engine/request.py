@@ -49,6 +49,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         self.block_ids: list[int] = []
+        self.cache_salt = params.cache_salt  # vLLM's: prefix-cache isolation (block_manager)
         self.block_hashes: list[int] = []  # chained hashes of the full blocks of all_token_ids
         self.num_hashed_blocks = 0  # leading blocks already offered to the prefix cache
         self.spec_token_ids: list[int] = []  # draft tokens scheduled for verification

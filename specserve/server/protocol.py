@@ -172,6 +172,8 @@ class SamplingRequest(OpenAIModel):
                                                       max_length=MAX_LISTED_TOKENS)] | None = None
     bad_words: Annotated[list[Annotated[StrictStr, Field(max_length=MAX_STOP_CHARS)]],
                          Field(max_length=MAX_STOP_STRINGS)] | None = None
+    # vLLM's: prefix-cache hits only among requests with the same salt (per tenant).
+    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=1024)] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     # vLLM's: each prompt token's logprob (and this many top ones), in the response's
@@ -296,7 +298,7 @@ class SamplingRequest(OpenAIModel):
             frequency_penalty=self.frequency_penalty or 0.0,
             repetition_penalty=given(self.repetition_penalty, defaults.repetition_penalty),
             logit_bias=self._bias_by_id, allowed_token_ids=self.allowed_token_ids,
-            bad_words=self.bad_words or None)
+            bad_words=self.bad_words or None, cache_salt=self.cache_salt)
 
 
 class CompletionRequest(SamplingRequest):

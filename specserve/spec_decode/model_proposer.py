@@ -39,6 +39,10 @@ class ProposerSeq:
         return len(self.req.all_token_ids)
 
     @property
+    def cache_salt(self) -> str | None:
+        return self.req.cache_salt
+
+    @property
     def max_cached_prefix(self) -> int:
         """What the proposer's prefix cache may serve (Request.max_cached_prefix): all but the
         last token, whose logits propose."""
