@@ -200,7 +200,7 @@ def _assert_draft_cache_holds_true_kv(spec) -> int:
         chain, block = [], bm.blocks[block_id]
         while block is not None:  # back to the first block, through live parent links
             chain.append(block)
-            if block.parent is None:
+            if block.parent is None or block.parent[0] == "salt":  # a first block
                 block = None
             else:
                 parent = bm.blocks[block.parent[0]]

@@ -24,8 +24,8 @@ class Block:
         self.ref_count = 0
         self.block_hash: int | None = None
         self.token_ids: tuple[int, ...] | None = None
-        # (block_id, generation) of the block before it in the sequence; None for the first.
-        # the block before it (id, generation), or for a first block its request's salt
+        # (block_id, generation) of the block before it in the sequence; for a first block,
+        # None, or ("salt", cache_salt) for a salted request's.
         self.parent: tuple | None = None
         self.generation = 0  # bumped on every reuse, so a stale parent link never matches
 

@@ -480,8 +480,8 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
     parallel_tool_calls: StrictBool = True
     # vLLM's: with --reasoning-parser, false leaves the reasoning out of the response.
     include_reasoning: StrictBool = True
-    # vLLM's: the reply's content starts with the last message's, when that is the
-    # assistant's (the message continue_final_message continues).
+    # vLLM's: the reply's content starts with the last message's, when that has the reply's
+    # role (the message continue_final_message continues).
     echo: StrictBool = False
 
     @model_validator(mode="before")
@@ -530,9 +530,12 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
 
     @property
     def echoed(self) -> str:
-        """What echo puts before each reply's content ("" without echo)."""
+        """What echo puts before each reply's content ("" without echo): the last message's, if
+        it has the reply's role (vLLM's rule: the assistant's, or any without a generation
+        prompt, when the reply continues the last message)."""
         last = self.messages[-1]
-        if not self.echo or last.role != "assistant" or last.content is None:
+        role = "assistant" if self.add_generation_prompt else last.role
+        if not self.echo or last.role != role or last.content is None:
             return ""
         return last.content if isinstance(last.content, str) else "\n".join(
             p.text for p in last.content)
