@@ -59,12 +59,16 @@ class LLM:
         prefilled once for all of them (each choice computes its last partial block)."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        salts = [p.get("cache_salt") if isinstance(p, dict) else None for p in prompts]
         prompts = [_prompt_input(p) for p in prompts]
         params = sampling_params or self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError("need one SamplingParams per prompt, or a single one")
+        # vLLM's prompt dict key: the prompt's prefix-cache salt
+        params = [sp if salt is None else replace(sp, cache_salt=salt)
+                  for sp, salt in zip(params, salts, strict=True)]
         for sp in params:  # refuse bad input before anything is queued
             sp.validate()
         groups: list[list[str]] = []
@@ -110,6 +114,9 @@ class LLM:
         as `generate` takes one). While a stop string could still match, the text's last
         len(stop) - 1 characters are held back (as vLLM and the server do): a match cuts the
         text where it begins, which may be text a step already produced."""
+        if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
+            sampling_params = replace(sampling_params or self.get_default_sampling_params(),
+                                      cache_salt=prompt["cache_salt"])
         req = self.engine.add_request(_prompt_input(prompt), sampling_params, stream=True)
         holdback = max(map(len, req.params.stop), default=1) - 1
         shown = 0  # characters of the text yielded so far
@@ -153,10 +160,11 @@ class LLM:
 
 
 def _prompt_input(prompt: PromptType) -> str | list[int]:
-    """vLLM's prompt forms: text, token ids, {"prompt": text}, {"prompt_token_ids": ids}."""
+    """vLLM's prompt forms: text, token ids, {"prompt": text}, {"prompt_token_ids": ids} (a
+    dict may add "cache_salt", which the caller applies)."""
     if not isinstance(prompt, dict):
         return prompt
-    unknown = set(prompt) - {"prompt", "prompt_token_ids"}
+    unknown = set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"}
     if unknown:  # e.g. multi_modal_data: refused rather than silently dropped
         raise ValueError(f"prompt dict keys {sorted(unknown)} are not supported; give "
                          "'prompt' or 'prompt_token_ids'")

@@ -38,6 +38,25 @@ def test_prefix_cache_computes_only_new_blocks(llm):
         out.outputs[0].token_ids
 
 
+def test_a_cache_salt_keeps_each_tenants_prefix_to_itself(llm):
+    """vLLM's cache_salt, in a prompt dict or SamplingParams: a prefix is served only to
+    requests with the same salt, and the text does not depend on it."""
+    text = " ".join(f"Tenant note {i}: the salt keeps line {i * 3} apart." for i in range(40))
+    ids = llm.get_tokenizer()(text, add_special_tokens=False).input_ids[:64] + [264, 1345, 30]
+
+    def run(salt: str | None, in_params: bool = False):
+        prompt = {"prompt_token_ids": ids} if in_params or salt is None else \
+            {"prompt_token_ids": ids, "cache_salt": salt}
+        params = replace(GREEDY, cache_salt=salt) if in_params else GREEDY
+        return llm.generate([prompt], params)[0]
+    first = run("tenant-a")
+    assert run("tenant-b").metrics.num_cached_tokens == 0
+    assert run(None).metrics.num_cached_tokens == 0
+    again = run("tenant-a", in_params=True)
+    assert again.metrics.num_cached_tokens == 64
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+
+
 def test_requests_arriving_with_a_shared_prefix_compute_it_once(llm):
     """Three prompts over one 640-token document, submitted together: the document is prefilled
     once (the other two wait for its blocks), and every output equals the prompt's own."""

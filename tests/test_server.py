@@ -169,6 +169,13 @@ CHAT = [{"role": "system", "content": "You are a concise assistant."},
 
 
 # ---- the official client, sync / async / streaming, equals the offline engine -----------------
+def test_version(server: LiveServer):
+    from importlib.metadata import version
+
+    assert httpx.get(f"{server.url}/version", timeout=10).json() == {
+        "version": version("specserve")}
+
+
 def test_models_and_health(server: LiveServer, client: openai.OpenAI):
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert httpx.get(f"{server.url}/health").status_code == 200

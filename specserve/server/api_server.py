@@ -77,6 +77,18 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+@router.get("/version")
+async def version() -> JSONResponse:
+    """vLLM's: the server's version (the installed package's)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as package_version
+
+    try:
+        return JSONResponse({"version": package_version("specserve")})
+    except PackageNotFoundError:  # run from a checkout without installing it
+        return JSONResponse({"version": "unknown"})
+
+
 @router.get("/stats")
 async def stats(request: Request) -> JSONResponse:
     """The engine's latest stats snapshot (KV blocks, queue lengths, token counts)."""
