@@ -76,6 +76,11 @@ class LiveServer:
         with open(self.log.name, errors="replace") as f:
             return f.read()[-4000:]
 
+    def client(self) -> openai.OpenAI:
+        """The official client on this server (no retries: a failure is the test's)."""
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0,
+                             timeout=120)
+
     def stats(self) -> dict:
         return httpx.get(f"{self.url}/stats", timeout=10).json()
 
@@ -131,8 +136,7 @@ def server() -> Iterator[LiveServer]:
 
 @pytest.fixture(scope="module")
 def client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
+    return server.client()
 
 
 _offline_cache: dict[str, tuple[str, int, str]] = {}
@@ -712,8 +716,7 @@ def test_a_speculating_server_streams_the_offline_text_and_counts_its_drafts(llm
     live = LiveServer(*MODEL_FLAGS, "--speculation-policy", "static", "--speculative-config",
                       '{"method": "ngram", "num_speculative_tokens": 4}')
     try:
-        client = openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0,
-                               timeout=120)
+        client = live.client()
         before = live.metrics()
         chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
                                                 temperature=0, stream=True))

@@ -38,8 +38,7 @@ def server() -> LiveServer:
 
 @pytest.fixture(scope="module")
 def client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
+    return server.client()
 
 
 def offline(llm, messages: list[dict], **kw):

@@ -311,8 +311,7 @@ def server(tmp_path_factory) -> LiveServer:
 
 @pytest.fixture(scope="module")
 def client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
-                         timeout=120)
+    return server.client()
 
 
 @pytest.fixture(scope="module")
