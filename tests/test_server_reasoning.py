@@ -71,8 +71,7 @@ def test_reasoning_then_tool_calls():
 @pytest.fixture(scope="module")
 def client() -> openai.OpenAI:
     live = LiveServer(*MODEL_FLAGS, "--reasoning-parser", "deepseek_r1")
-    yield openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0,
-                        timeout=120)
+    yield live.client()
     live.stop()
 
 
@@ -172,3 +171,15 @@ def test_a_prompt_that_closes_the_reasoning_gets_an_answer(client: openai.OpenAI
     body["extra_body"] = {**CONTINUE, "structured_outputs": {"choice": ["YES"]}}
     message = client.chat.completions.create(**body).choices[0].message
     assert message.content == "YES"
+
+
+def test_every_choice_is_split_even_when_the_first_has_no_reasoning(client: openai.OpenAI):
+    """n = 2, each reply starting with </think> (its reasoning empty): both are read alike (the
+    second was once read by choice 0's reasoning text, empty, taken for 'no reasoning')."""
+    prefix = [PATTERN[0], {"role": "assistant", "content": PATTERN[1]["content"] + " c."}]
+    resp = client.chat.completions.create(model=MODEL, messages=prefix, max_tokens=6, n=2,
+                                          temperature=0, extra_body=CONTINUE)
+    first, second = (c.message for c in resp.choices)
+    assert not (first.content or "").startswith("</think>")
+    assert (first.content, first.reasoning_content) == (second.content,
+                                                        second.reasoning_content)

@@ -206,11 +206,11 @@ class OpenAIServing:
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         self.check_model(req.model)
-        prompt_ids, params, reasoning = await self._chat_prompt(req)
+        prompt_ids, params, splits_reasoning = await self._chat_prompt(req)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream)
         if req.stream:
-            events = self._chat_events(request_id, req, params, reasoning, stream,
+            events = self._chat_events(request_id, req, params, splits_reasoning, stream,
                                        len(prompt_ids))
             return EventStreamResponse(events, stream)
         outputs = await collect_outputs(stream, raw)
@@ -223,7 +223,7 @@ class OpenAIServing:
                         else self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0,
                                                  req.return_tokens_as_token_ids))
             message, finish_reason = ChatResponseMessage(content=c.text), c.finish_reason
-            if (reader := self._reply_reader(req, params, reasoning)) is not None:
+            if (reader := self._reply_reader(req, params, splits_reasoning)) is not None:
                 reasoning, content, parts = reader.feed(c.text, finished=True)
                 calls = [ToolCall(id=call_id, function=FunctionCall(name=name, arguments=args))
                          for call_id, name, args in merge_calls(parts)]
@@ -264,14 +264,14 @@ class OpenAIServing:
                 # A model's call tags may be special tokens (Hermes 2 Pro's are): they must
                 # reach the parser, as vLLM's hermes parser keeps them.
                 params.skip_special_tokens = False
-            reasoning = self.reasoning_parser is not None and not self._closes_reasoning(
+            splits_reasoning = self.reasoning_parser is not None and not self._closes_reasoning(
                 prompt_ids)
-            if reasoning and params.structured_outputs is not None:
+            if splits_reasoning and params.structured_outputs is not None:
                 # A reasoning model reasons first, freely; its answer is constrained (vLLM's).
                 params.structured_outputs = dataclasses.replace(
                     params.structured_outputs,
                     starts_after=REASONING_PARSERS[self.reasoning_parser].END)
-        return prompt_ids, params, reasoning
+        return prompt_ids, params, splits_reasoning
 
     def _closes_reasoning(self, prompt_ids: list[int]) -> bool:
         """Whether the prompt ends with the end of reasoning (`</think>`, as a template writes
@@ -283,10 +283,10 @@ class OpenAIServing:
         """OpenAI's Responses API, run as the chat request it means (responses.py)."""
         self.check_model(req.model)
         chat = req.chat
-        prompt_ids, params, reasoning = await self._chat_prompt(chat)
+        prompt_ids, params, splits_reasoning = await self._chat_prompt(chat)
         response_id = new_id("resp")
         stream = await self._submit(response_id, [prompt_ids], params, 1, req.stream)
-        reader = self._reply_reader(chat, params, reasoning)
+        reader = self._reply_reader(chat, params, splits_reasoning)
         events = ResponseEvents(response_id, self.model_name, req, self._cache_block,
                                 lambda text: len(encode_prompt(self._tokenizer, text, False)))
         if req.stream:
@@ -439,8 +439,9 @@ class OpenAIServing:
                                      choices=[], usage=_usage(num_prompt_tokens, final, req.n))
 
     async def _chat_events(self, request_id: str, req: ChatCompletionRequest,
-                           params: SamplingParams, reasoning: bool, stream: OutputStream,
-                           num_prompt_tokens: int) -> AsyncIterator[BaseModel | str]:
+                           params: SamplingParams, splits_reasoning: bool,
+                           stream: OutputStream, num_prompt_tokens: int
+                           ) -> AsyncIterator[BaseModel | str]:
         created = int(time.time())
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None):
@@ -465,7 +466,8 @@ class OpenAIServing:
             [ChatStreamChoice(index=i, delta=DeltaMessage(content=text))]))
         reasoning_chunk = TextChunk(lambda i, text: chunk(
             [ChatStreamChoice(index=i, delta=DeltaMessage(reasoning_content=text))]))
-        readers = [self._reply_reader(req, params, reasoning) for _ in range(num_choices)]
+        readers = [self._reply_reader(req, params, splits_reasoning)
+                   for _ in range(num_choices)]
         async for i, out in stream:
             c = out.outputs[0]
             text = deltas.text(i, c.text, out.finished)
@@ -501,10 +503,10 @@ class OpenAIServing:
             yield chunk([], _usage(num_prompt_tokens, final, req.n))
 
     def _reply_reader(self, req: ChatCompletionRequest, params: SamplingParams,
-                      reasoning: bool) -> ReplyReader | None:
-        """reasoning: whether the reply starts with reasoning (_chat_prompt)."""
+                      splits_reasoning: bool) -> ReplyReader | None:
+        """splits_reasoning: whether the reply starts with reasoning (_chat_prompt)."""
         so = params.structured_outputs
-        split = reasoning and (so is None or so.starts_after is not None)
+        split = splits_reasoning and (so is None or so.starts_after is not None)
         return reply_reader(req, self.tool_call_parser, self.reasoning_parser if split else None)
 
     # ---- logprobs -----------------------------------------------------------------------------
