@@ -59,16 +59,13 @@ class LLM:
         prefilled once for all of them (each choice computes its last partial block)."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        salts = [p.get("cache_salt") if isinstance(p, dict) else None for p in prompts]
-        prompts = [_prompt_input(p) for p in prompts]
         params = sampling_params or self.get_default_sampling_params()
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError("need one SamplingParams per prompt, or a single one")
-        # vLLM's prompt dict key: the prompt's prefix-cache salt
-        params = [sp if salt is None else replace(sp, cache_salt=salt)
-                  for sp, salt in zip(params, salts, strict=True)]
+        params = [_salted(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        prompts = [_prompt_input(p) for p in prompts]
         for sp in params:  # refuse bad input before anything is queued
             sp.validate()
         groups: list[list[str]] = []
@@ -114,10 +111,8 @@ class LLM:
         as `generate` takes one). While a stop string could still match, the text's last
         len(stop) - 1 characters are held back (as vLLM and the server do): a match cuts the
         text where it begins, which may be text a step already produced."""
-        if isinstance(prompt, dict) and prompt.get("cache_salt") is not None:
-            sampling_params = replace(sampling_params or self.get_default_sampling_params(),
-                                      cache_salt=prompt["cache_salt"])
-        req = self.engine.add_request(_prompt_input(prompt), sampling_params, stream=True)
+        params = _salted(prompt, sampling_params or self.get_default_sampling_params())
+        req = self.engine.add_request(_prompt_input(prompt), params, stream=True)
         holdback = max(map(len, req.params.stop), default=1) - 1
         shown = 0  # characters of the text yielded so far
         try:
@@ -161,7 +156,7 @@ class LLM:
 
 def _prompt_input(prompt: PromptType) -> str | list[int]:
     """vLLM's prompt forms: text, token ids, {"prompt": text}, {"prompt_token_ids": ids} (a
-    dict may add "cache_salt", which the caller applies)."""
+    dict may add "cache_salt": _salted)."""
     if not isinstance(prompt, dict):
         return prompt
     unknown = set(prompt) - {"prompt", "prompt_token_ids", "cache_salt"}
@@ -173,6 +168,12 @@ def _prompt_input(prompt: PromptType) -> str | list[int]:
     if "prompt" in prompt:
         return prompt["prompt"]
     raise ValueError(f"a prompt dict needs 'prompt' or 'prompt_token_ids', got {sorted(prompt)}")
+
+
+def _salted(prompt: PromptType, params: SamplingParams) -> SamplingParams:
+    """params with the prompt dict's cache_salt (vLLM's key), if it has one."""
+    salt = prompt.get("cache_salt") if isinstance(prompt, dict) else None
+    return params if salt is None else replace(params, cache_salt=salt)
 
 
 def _merge_choices(outs: list[RequestOutput]) -> RequestOutput:

@@ -388,6 +388,12 @@ class TextPart(OpenAIModel):
     text: StrictStr
 
 
+def joined_text(content: str | list) -> str:
+    """A message's content as one text: its text parts joined by newlines, as
+    engine/prompts.py joins them for the template."""
+    return content if isinstance(content, str) else "\n".join(p.text for p in content)
+
+
 class ChatMessage(OpenAIModel):
     # developer: OpenAI's successor of system (engine/prompts.py renders it as system for
     # templates that predate it).
@@ -537,8 +543,7 @@ class ChatCompletionRequest(SamplingRequest, ChatTemplateOptions):
         role = "assistant" if self.add_generation_prompt else last.role
         if not self.echo or last.role != role or last.content is None:
             return ""
-        return last.content if isinstance(last.content, str) else "\n".join(
-            p.text for p in last.content)
+        return joined_text(last.content)
 
     @property
     def num_logprobs(self) -> int | None:

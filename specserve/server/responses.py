@@ -32,6 +32,7 @@ from specserve.server.protocol import (
     PositiveInt,
     SpecTokens,
     SpeculationOptions,
+    joined_text,
     one_of,
     refuse_unsupported,
 )
@@ -41,10 +42,6 @@ from specserve.server.protocol import (
 class ContentPart(OpenAIModel):
     type: Literal["input_text", "output_text", "text"]
     text: StrictStr
-
-
-def _joined(content: str | list[ContentPart]) -> str:
-    return content if isinstance(content, str) else "\n".join(p.text for p in content)
 
 
 class MessageItem(OpenAIModel):
@@ -206,7 +203,7 @@ class ResponsesRequest(OpenAIModel):
             else self.input
         for item in items:
             if isinstance(item, MessageItem):
-                messages.append({"role": item.role, "content": _joined(item.content)})
+                messages.append({"role": item.role, "content": joined_text(item.content)})
             elif isinstance(item, FunctionCallItem):
                 call = {"id": item.call_id, "type": "function",
                         "function": {"name": item.name, "arguments": item.arguments}}
@@ -218,7 +215,7 @@ class ResponsesRequest(OpenAIModel):
                                      "tool_calls": [call]})
             elif isinstance(item, FunctionCallOutputItem):
                 messages.append({"role": "tool", "tool_call_id": item.call_id,
-                                 "content": _joined(item.output)})
+                                 "content": joined_text(item.output)})
         if not messages:
             raise ValueError("input has no message to answer")
         return messages

@@ -636,7 +636,7 @@ def _usage_info(num_tokens: tuple[int, int] | None) -> UsageInfo | None:
 
 
 def _usage(num_prompt_tokens: int, outputs: Sequence[RequestOutput | None],
-           n: int = 1) -> UsageInfo:
+           n: int) -> UsageInfo:
     """A response's final usage. Its prompts are counted once each, as are the tokens their
     first choices read from the prefix cache (the other choices share that prefill)."""
     completion = sum(len(o.outputs[0].token_ids) for o in outputs if o is not None)
