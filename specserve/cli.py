@@ -35,6 +35,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=128)
+    p.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs",
+                   help="fcfs: arrival order | priority: each request's priority (lower first, "
+                        "then arrival), which also picks whom to preempt (vLLM's)")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None)
@@ -61,7 +64,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
     kw = dict(dtype=args.dtype, device=args.device, quantization=args.quantization,
               kv_cache_memory=args.kv_cache_memory, kv_cache_dtype=args.kv_cache_dtype,
               block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
-              max_num_seqs=args.max_num_seqs,
+              max_num_seqs=args.max_num_seqs, scheduling_policy=args.scheduling_policy,
               enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
               num_threads=args.num_threads, speculation_policy=args.speculation_policy,
               jump_forward_tokens=args.jump_forward_tokens,

@@ -116,12 +116,18 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # token budget of one step
     max_num_seqs: int = 128
     long_prefill_token_threshold: int = 512  # a prefill chunk is at most this long
+    # vLLM's: "fcfs" (arrival order) or "priority" (each request's priority, lower first, then
+    # arrival; it also picks preemption victims). See engine/scheduler.py.
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if min(self.max_num_batched_tokens, self.max_num_seqs,
                self.long_prefill_token_threshold) < 1:
             raise ValueError("max_num_batched_tokens, max_num_seqs and "
                              "long_prefill_token_threshold must be >= 1")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', not "
+                             f"{self.scheduling_policy!r}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,14 +49,17 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, use_tqdm: bool = False) -> list[RequestOutput]:
+                 *, use_tqdm: bool = False, priority: Sequence[int] | None = None
+                 ) -> list[RequestOutput]:
         """Run all prompts to completion in one continuous batch; outputs keep input order.
         Prompts are strings, lists of token ids, or vLLM's prompt dicts ({"prompt": text} or
         {"prompt_token_ids": ids}); use_tqdm shows a progress bar of finished requests, as
         vLLM's does (off by default here). With `n` > 1 a prompt's RequestOutput holds
         n completions (`outputs[j].index == j`), each run as its own engine request (see
         SamplingParams.for_choice); with prefix caching, a prompt of 256 tokens or more is
-        prefilled once for all of them (each choice computes its last partial block)."""
+        prefilled once for all of them (each choice computes its last partial block).
+        priority: one per prompt, as vLLM's (an engine with scheduling_policy="priority" runs
+        lower values first)."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or self.get_default_sampling_params()
@@ -64,16 +67,20 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError("need one SamplingParams per prompt, or a single one")
+        priority = [0] * len(prompts) if priority is None else list(priority)
+        if len(priority) != len(prompts):
+            raise ValueError("need one priority per prompt")
         params = [_salted(p, sp) for p, sp in zip(prompts, params, strict=True)]
         prompts = [_prompt_input(p) for p in prompts]
         for sp in params:  # refuse bad input before anything is queued
             sp.validate()
         groups: list[list[str]] = []
         try:
-            for p, sp in zip(prompts, params, strict=True):
+            for p, sp, prio in zip(prompts, params, priority, strict=True):
                 groups.append([])
                 for j in range(sp.n):
-                    groups[-1].append(self.engine.add_request(p, sp.for_choice(j)).request_id)
+                    groups[-1].append(self.engine.add_request(p, sp.for_choice(j),
+                                                              priority=prio).request_id)
         except BaseException:  # all or none
             for rid in (r for g in groups for r in g):
                 self.engine.abort_request(rid)

@@ -22,15 +22,17 @@ def toks(seed: int, n: int) -> list[int]:
     return [seed * 1000 + i for i in range(n)]
 
 
-def make_req(rid: str, tokens: list[int], max_tokens: int = 4) -> Request:
-    return Request(rid, list(tokens), SamplingParams(max_tokens=max_tokens))
+def make_req(rid: str, tokens: list[int], max_tokens: int = 4, priority: int = 0) -> Request:
+    req = Request(rid, list(tokens), SamplingParams(max_tokens=max_tokens))
+    req.priority = priority
+    return req
 
 
 def make_sched(num_blocks: int = 64, budget: int = 64, max_seqs: int = 16, chunk: int = 512,
-               caching: bool = True) -> tuple[Scheduler, BlockManager]:
+               caching: bool = True, policy: str = "fcfs") -> tuple[Scheduler, BlockManager]:
     bm = BlockManager(num_blocks, BS, caching)
     cfg = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs,
-                          long_prefill_token_threshold=chunk)
+                          long_prefill_token_threshold=chunk, scheduling_policy=policy)
     return Scheduler(cfg, bm), bm
 
 
@@ -56,6 +58,10 @@ def check_step(sched: Scheduler, out: SchedulerOutput) -> None:
         assert req.block_ids == [] and req.num_computed_tokens == 0
     held = sum(len(r.block_ids) for r in sched.running)
     assert sum(b.ref_count for b in bm.blocks) == held
+    if sched.by_priority:  # both queues in (priority, arrival) order
+        for queue in (sched.waiting, sched.running):
+            keys = [(r.priority, r.arrival_time) for r in queue]
+            assert keys == sorted(keys)
 
 
 def update(sched: Scheduler, out: SchedulerOutput) -> list[Request]:
@@ -387,15 +393,18 @@ def test_a_readmission_after_preemption_is_not_a_new_prefix_lookup():
     assert (bm.num_prefix_queries, bm.num_prefix_hits) == (queries, hits)
 
 
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("caching", [True, False])
-def test_random_workload_under_memory_pressure_finishes(caching):
+def test_random_workload_under_memory_pressure_finishes(caching, policy):
     rng = random.Random(7)
-    sched, bm = make_sched(num_blocks=12, budget=20, max_seqs=5, chunk=8, caching=caching)
+    sched, bm = make_sched(num_blocks=12, budget=20, max_seqs=5, chunk=8, caching=caching,
+                           policy=policy)
     shared = toks(99, 8)
     reqs = []
     for i in range(25):
         prompt = (shared if rng.random() < 0.5 else []) + toks(i, rng.randint(1, 12))
-        reqs.append(make_req(f"r{i}", prompt, max_tokens=rng.randint(1, 16)))
+        reqs.append(make_req(f"r{i}", prompt, max_tokens=rng.randint(1, 16),
+                             priority=rng.randint(-2, 2)))
     add(sched, *reqs)
     outs = run_to_completion(sched, max_steps=3000)
     assert sched.num_preemptions > 0  # the pool really was short
@@ -404,6 +413,54 @@ def test_random_workload_under_memory_pressure_finishes(caching):
     assert sched.running == [] and not sched.waiting
     if not caching:
         assert bm.num_prefix_queries == 0
+
+
+# ---- priority scheduling -----------------------------------------------------------------------
+def test_priority_admits_the_most_urgent_first_then_by_arrival():
+    sched, _ = make_sched(budget=100, max_seqs=2, policy="priority")
+    a, b, c, d = (make_req(rid, toks(i, 4), max_tokens=1, priority=p)
+                  for i, (rid, p) in enumerate([("a", 1), ("b", 0), ("c", 1), ("d", 0)]))
+    add(sched, a, b, c, d)
+    assert list(sched.waiting) == [b, d, a, c]
+    assert scheduled_ids(step(sched)) == [("b", 4), ("d", 4)]
+    assert scheduled_ids(step(sched)) == [("a", 4), ("c", 4)]
+
+
+def test_the_same_requests_first_come_first_served():
+    sched, _ = make_sched(budget=100, max_seqs=2)
+    add(sched, *(make_req(rid, toks(i, 4), max_tokens=1, priority=0)
+                 for i, rid in enumerate("abcd")))
+    assert scheduled_ids(step(sched)) == [("a", 4), ("b", 4)]
+
+
+def test_priority_preempts_the_least_urgent_not_the_last_admitted():
+    """Under fcfs b, admitted last, would be the victim (the test above of that policy)."""
+    sched, _ = make_sched(num_blocks=5, budget=100, max_seqs=2, policy="priority")
+    a = make_req("a", toks(1, 4), max_tokens=12, priority=5)
+    b = make_req("b", toks(2, 8), max_tokens=12, priority=0)
+    add(sched, a)
+    step(sched)
+    add(sched, b)  # arrives after a is running, more urgent
+    out = step(sched)
+    assert sched.running == [b, a]  # b gets the budget first
+    c = make_req("c", toks(3, 1), max_tokens=1, priority=-1)  # kept out by max_num_seqs
+    add(sched, c)
+    while not out.preempted:
+        out = sched.schedule()
+        check_step(sched, out)
+        if not out.preempted:
+            update(sched, out)
+    assert out.preempted == [a] and scheduled_ids(out) == [("b", 1)]
+    assert list(sched.waiting) == [c, a]  # a goes back behind the more urgent c
+    update(sched, out)
+    run_to_completion(sched)
+    assert (a.num_preemptions, b.num_preemptions) == (1, 0)
+    assert (a.num_output_tokens, b.num_output_tokens, c.num_output_tokens) == (12, 12, 1)
+
+
+def test_an_unknown_scheduling_policy_is_refused():
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        SchedulerConfig(scheduling_policy="lifo")
 
 
 def test_a_request_that_cannot_fit_an_empty_pool_raises():

@@ -199,6 +199,10 @@ BAD_REQUESTS = [
                  id="logit-bias-too-long"),
     pytest.param(CHAT, chat(stop_token_ids=[10**6], structured_outputs={"choice": ["a", "b"]}),
                  JSON, 400, id="stop-token-id-past-the-vocabulary"),
+    # This server schedules first come, first served: a priority would be silently ignored.
+    pytest.param(CMPL, completion(priority=1), JSON, 400, id="priority-without-the-policy"),
+    pytest.param(CHAT, chat(priority=-3), JSON, 400, id="chat-priority-without-the-policy"),
+    pytest.param(CHAT, chat(priority="high"), JSON, 400, id="priority-not-an-integer"),
     pytest.param(CMPL, b'{"prompt": "Hello", ', JSON, 400, id="invalid-json"),
     pytest.param(CMPL, b"", JSON, 400, id="empty-body"),
     pytest.param(CMPL, [1, 2, 3], JSON, 400, id="body-not-an-object"),

@@ -257,14 +257,20 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, stream: bool = False,
-                    arrival_time: float | None = None) -> Request:
+                    arrival_time: float | None = None, priority: int = 0) -> Request:
         """Validate and queue a request. Raises ValueError for bad input; nothing else changes.
         arrival_time (time.perf_counter()): when it reached the front end, if earlier than now
-        (the server's: its queue time and TTFT then count the wait for the engine thread)."""
+        (the server's: its queue time and TTFT then count the wait for the engine thread).
+        priority: vLLM's; lower is served first, under scheduling_policy="priority" only."""
         # A copy, normalised and validated again (a `stop` string set after construction
         # becomes a list): the request must not change with the caller's object either.
         params = dataclasses.replace(params) if params is not None \
             else self.default_sampling_params()
+        if type(priority) is not int:
+            raise ValueError(f"priority must be an integer, not {priority!r}")
+        if priority and not self.scheduler.by_priority:
+            raise ValueError(f"priority {priority} needs priority scheduling: start the engine "
+                             "with scheduling_policy='priority' (--scheduling-policy priority)")
         if params.n != 1:
             raise ValueError(f"the engine runs one sequence per request (n={params.n}): "
                              "LLM.generate and the server fan n out, one request per choice")
@@ -299,6 +305,7 @@ class LLMEngine:
                       prompt_text, self.max_model_len)
         if arrival_time is not None:
             req.arrival_time = min(arrival_time, req.arrival_time)
+        req.priority = priority
         if params.bad_words:
             req.bad_words = BadWords(bad_words_token_ids(self.tokenizer, params.bad_words,
                                                          vocab))

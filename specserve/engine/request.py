@@ -47,6 +47,7 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
         self.status = RequestStatus.WAITING
+        self.priority = 0  # lower runs first under the priority scheduling policy
         self.stop_reason: int | str | None = None
         self.block_ids: list[int] = []
         self.cache_salt = params.cache_salt  # vLLM's: prefix-cache isolation (block_manager)

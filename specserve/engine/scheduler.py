@@ -6,6 +6,11 @@ always "schedule N tokens": N = num_tokens + num_spec_tokens - num_computed_toke
 budget and the chunk limit. When the KV pool runs out, the most recently admitted running request
 is preempted: its blocks are freed and it is recomputed later (its prefix is likely still cached).
 
+With `scheduling_policy="priority"` (vLLM's) both queues are kept in (priority, arrival) order,
+lower values first: the waiting queue admits the most urgent request first, running requests get
+the step's budget in that order, and the least urgent running request is the one preempted. As in
+vLLM V1, a waiting request never evicts a running one: it takes the next free slot or blocks.
+
 Prefix caching only serves blocks already computed. Requests that arrive together with a long
 common prefix (a RAG document, n choices of one prompt) would each prefill it, several times over
 and into several copies of its KV blocks. So a waiting request whose next uncached blocks a running
@@ -15,6 +20,7 @@ shares (cached and in flight) is MIN_SHARED_TOKENS_TO_WAIT tokens or longer.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -46,11 +52,17 @@ class Scheduler:
         self.config = config
         self.block_manager = block_manager
         self.waiting: deque[Request] = deque()
+        # In scheduling order: admission order (fcfs) or (priority, arrival); the last is the
+        # next victim of a preemption.
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.by_priority = config.scheduling_policy == "priority"
 
     def add_request(self, req: Request) -> None:
-        self.waiting.append(req)
+        if self.by_priority:
+            _insort(self.waiting, req)
+        else:
+            self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -62,7 +74,10 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        if self.by_priority:
+            _insort(self.waiting, req)  # before every later arrival of its priority
+        else:
+            self.waiting.appendleft(req)
 
     def schedule(self) -> SchedulerOutput:
         cfg, bm = self.config, self.block_manager
@@ -95,7 +110,7 @@ class Scheduler:
             if with_drafts > no_drafts and not bm.allocate(req, with_drafts):
                 num_new = no_drafts
             while not bm.allocate(req, num_new):
-                victim = self.running.pop()  # lowest priority: admitted last
+                victim = self.running.pop()  # lowest priority: admitted last, or least urgent
                 behind -= victim is not req and victim.num_computed_tokens < victim.num_tokens
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -144,7 +159,10 @@ class Scheduler:
                         # lookup, as in vLLM: it would lower the hit rate the metrics report
                         bm.record_prefix_lookup(req.num_tokens, num_cached)
                 req.status = RequestStatus.RUNNING
-                self.running.append(req)
+                if self.by_priority:
+                    _insort(self.running, req)
+                else:
+                    self.running.append(req)
                 out.scheduled.append((req, num_new))
                 budget -= num_new
                 if inflight is not None:
@@ -209,3 +227,12 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = status
         self.block_manager.free(req)
+
+
+def _urgency(req: Request) -> tuple[int, float]:
+    return req.priority, req.arrival_time
+
+
+def _insort(queue: list[Request] | deque[Request], req: Request) -> None:
+    """Insert req after every request at least as urgent (ties keep their arrival order)."""
+    queue.insert(bisect.bisect_right(queue, _urgency(req), key=_urgency), req)

@@ -164,6 +164,7 @@ class _Add:
     params: Sequence[SamplingParams]
     stream_text: bool
     done: asyncio.Future
+    priority: int = 0
 
 
 @dataclass(slots=True)
@@ -288,8 +289,8 @@ class AsyncEngine:
 
     # ---- the API used by request handlers (event loop) ----------------------------------------
     async def add_requests(self, request_ids: list[str], prompts: Sequence[str | list[int]],
-                           params: Sequence[SamplingParams], stream: bool = False
-                           ) -> OutputStream:
+                           params: Sequence[SamplingParams], stream: bool = False,
+                           priority: int = 0) -> OutputStream:
         """Queue a group of engine requests, all or none. With `stream`, every output carries
         the text so far (incremental detokenization); otherwise only the final one has text.
         Raises ValueError for input the engine refuses, QueueFullError past the admission
@@ -317,7 +318,7 @@ class AsyncEngine:
         output_stream = OutputStream(self, request_ids, arrival)
         self._num_in_flight += len(request_ids)
         done = self._loop.create_future()
-        self._submit(_Add(output_stream, prompts, params, stream, done))
+        self._submit(_Add(output_stream, prompts, params, stream, done, priority))
         try:
             await done
         except BaseException:
@@ -465,7 +466,8 @@ class AsyncEngine:
                                            command.params, strict=True):
                 self.engine.add_request(prompt, params, request_id=rid,
                                         stream=command.stream_text,
-                                        arrival_time=command.output._arrival)
+                                        arrival_time=command.output._arrival,
+                                        priority=command.priority)
                 added.append(rid)
         except Exception as exc:  # all or none: take back the ones already queued
             for rid in added:

@@ -174,6 +174,9 @@ class SamplingRequest(OpenAIModel):
                          Field(max_length=MAX_STOP_STRINGS)] | None = None
     # vLLM's: prefix-cache hits only among requests with the same salt (per tenant).
     cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=1024)] | None = None
+    # vLLM's: lower is served first (and preempted last) by a server started with
+    # --scheduling-policy priority; anything but 0 is refused by one that is not.
+    priority: Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] = 0
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     # vLLM's: each prompt token's logprob (and this many top ones), in the response's

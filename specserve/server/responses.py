@@ -149,6 +149,7 @@ class ResponsesRequest(OpenAIModel):
     speculation: SpecTokens | SpeculationOptions | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     cache_salt: StrictStr | None = None
+    priority: StrictInt | None = None
     _chat: ChatCompletionRequest = PrivateAttr()
 
     @model_validator(mode="before")
@@ -180,7 +181,7 @@ class ResponsesRequest(OpenAIModel):
                  "json_schema": fmt.model_dump(by_alias=True, exclude={"type"})})
         for name in ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "top_k",
                      "min_p", "repetition_penalty", "speculation", "chat_template_kwargs",
-                     "cache_salt"):
+                     "cache_salt", "priority"):
             if (value := getattr(self, name)) is not None:
                 body[name] = value.model_dump() if hasattr(value, "model_dump") else value
         try:

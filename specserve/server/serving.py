@@ -167,7 +167,8 @@ class OpenAIServing:
                 self._check_length(len(ids), max_tokens)
             params = req.to_sampling_params(max_tokens, req.logprobs, self._defaults)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        stream = await self._submit(request_id, prompt_ids, params, req.n, req.stream)
+        stream = await self._submit(request_id, prompt_ids, params, req.n, req.stream,
+                                   req.priority)
         num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
         echo = self._echo(req, prompts, prompt_ids) if req.echo else None
         if req.stream:
@@ -208,7 +209,8 @@ class OpenAIServing:
         self.check_model(req.model)
         prompt_ids, params, splits_reasoning = await self._chat_prompt(req)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream)
+        stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream,
+                                   req.priority)
         if req.stream:
             events = self._chat_events(request_id, req, params, splits_reasoning, stream,
                                        len(prompt_ids))
@@ -285,7 +287,8 @@ class OpenAIServing:
         chat = req.chat
         prompt_ids, params, splits_reasoning = await self._chat_prompt(chat)
         response_id = new_id("resp")
-        stream = await self._submit(response_id, [prompt_ids], params, 1, req.stream)
+        stream = await self._submit(response_id, [prompt_ids], params, 1, req.stream,
+                                   chat.priority)
         reader = self._reply_reader(chat, params, splits_reasoning)
         events = ResponseEvents(response_id, self.model_name, req, self._cache_block,
                                 lambda text: len(encode_prompt(self._tokenizer, text, False)))
@@ -350,9 +353,12 @@ class OpenAIServing:
                            code="context_length_exceeded")
 
     async def _submit(self, request_id: str, prompt_ids: list[list[int]], params: SamplingParams,
-                      n: int, stream: bool) -> OutputStream:
+                      n: int, stream: bool, priority: int) -> OutputStream:
         """One engine request per (prompt, choice), choice index = prompt * n + j. A seeded
         request gives choice j the seed + j, so that the n choices differ but are reproducible."""
+        if priority and not self.engine.engine.scheduler.by_priority:
+            raise APIError(400, "priority needs a server started with --scheduling-policy "
+                                "priority", param="priority")
         ids, prompts, all_params = [], [], []
         for p, ids_p in enumerate(prompt_ids):
             for j in range(n):
@@ -362,7 +368,7 @@ class OpenAIServing:
         try:
             with _refused_as_400():
                 output_stream = await self.engine.add_requests(ids, prompts, all_params,
-                                                               stream=stream)
+                                                               stream=stream, priority=priority)
         except QueueFullError as exc:
             raise APIError(429, str(exc), code="queue_full") from exc
         except (EngineClosedError, EngineDeadError) as exc:
