@@ -1,8 +1,9 @@
 """specserve: an LLM serving engine that speculates only when it pays."""
 
 from specserve.llm import LLM
+from specserve.lora import LoRARequest
 from specserve.outputs import CompletionOutput, Logprob, RequestOutput
 from specserve.sampling_params import SamplingParams, StructuredOutputsParams
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "RequestOutput",
+__all__ = ["LLM", "LoRARequest", "SamplingParams", "StructuredOutputsParams", "RequestOutput",
            "CompletionOutput", "Logprob"]

@@ -39,6 +39,10 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="fcfs: arrival order | priority: each request's priority (lower first, "
                         "then arrival), which also picks whom to preempt (vLLM's)")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--enable-lora", action="store_true",
+                   help="let requests run LoRA adapters (PEFT directories) on the base model")
+    p.add_argument("--max-lora-rank", type=int, default=16,
+                   help="the largest adapter rank accepted (default 16, as vLLM)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--speculative-config", type=json.loads, default=None,
@@ -66,6 +70,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               block_size=args.block_size, max_num_batched_tokens=args.max_num_batched_tokens,
               max_num_seqs=args.max_num_seqs, scheduling_policy=args.scheduling_policy,
               enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
+              enable_lora=args.enable_lora, max_lora_rank=args.max_lora_rank,
               num_threads=args.num_threads, speculation_policy=args.speculation_policy,
               jump_forward_tokens=args.jump_forward_tokens,
               generation_config=args.generation_config, max_model_len=args.max_model_len,

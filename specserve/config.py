@@ -157,12 +157,18 @@ class EngineConfig:
     # A Jinja chat template, or a file holding one, for a tokenizer that has none (a base
     # model) or to replace its own. vLLM's --chat-template.
     chat_template: str | None = None
+    # LoRA adapters (vLLM's enable_lora / max_lora_rank): requests may name a PEFT adapter
+    # (specserve/lora), applied on top of the base weights for their rows of each step.
+    enable_lora: bool = False
+    max_lora_rank: int = 16
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2 (a prompt token and an output token)")
+        if self.max_lora_rank < 1:
+            raise ValueError("max_lora_rank must be >= 1")
         if self.jump_forward_tokens < 0:
             raise ValueError("jump_forward_tokens must be >= 0 (0 turns jump-forward drafts off)")
         if self.dtype != "auto":

@@ -11,6 +11,7 @@ from rich.progress import MofNCompleteColumn, Progress
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from specserve.engine.llm_engine import LLMEngine
 from specserve.engine.prompts import encode_prompt, render_chat
+from specserve.lora.request import LoRARequest
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
 
@@ -49,7 +50,8 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 *, use_tqdm: bool = False, priority: Sequence[int] | None = None
+                 *, use_tqdm: bool = False, priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
                  ) -> list[RequestOutput]:
         """Run all prompts to completion in one continuous batch; outputs keep input order.
         Prompts are strings, lists of token ids, or vLLM's prompt dicts ({"prompt": text} or
@@ -59,7 +61,8 @@ class LLM:
         SamplingParams.for_choice); with prefix caching, a prompt of 256 tokens or more is
         prefilled once for all of them (each choice computes its last partial block).
         priority: one per prompt, as vLLM's (an engine with scheduling_policy="priority" runs
-        lower values first)."""
+        lower values first). lora_request: a LoRA adapter for every prompt, or one (or None) per
+        prompt, as vLLM's (an engine with enable_lora=True)."""
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         params = sampling_params or self.get_default_sampling_params()
@@ -67,20 +70,24 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError("need one SamplingParams per prompt, or a single one")
-        priority = [0] * len(prompts) if priority is None else list(priority)
-        if len(priority) != len(prompts):
+        priority = [0] * len(prompts) if priority is None else priority
+        if not isinstance(priority, Sequence) or len(priority) != len(prompts):
             raise ValueError("need one priority per prompt")
+        loras = (list(lora_request) if isinstance(lora_request, Sequence)
+                 else [lora_request] * len(prompts))
+        if len(loras) != len(prompts):
+            raise ValueError("need one lora_request per prompt, or a single one")
         params = [_salted(p, sp) for p, sp in zip(prompts, params, strict=True)]
         prompts = [_prompt_input(p) for p in prompts]
         for sp in params:  # refuse bad input before anything is queued
             sp.validate()
         groups: list[list[str]] = []
         try:
-            for p, sp, prio in zip(prompts, params, priority, strict=True):
+            for p, sp, prio, lora in zip(prompts, params, priority, loras, strict=True):
                 groups.append([])
                 for j in range(sp.n):
-                    groups[-1].append(self.engine.add_request(p, sp.for_choice(j),
-                                                              priority=prio).request_id)
+                    groups[-1].append(self.engine.add_request(
+                        p, sp.for_choice(j), priority=prio, lora_request=lora).request_id)
         except BaseException:  # all or none
             for rid in (r for g in groups for r in g):
                 self.engine.abort_request(rid)
@@ -92,7 +99,8 @@ class LLM:
              sampling_params: SamplingParams | None = None, *, use_tqdm: bool = False,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              chat_template_kwargs: dict | None = None,
-             tools: list[dict] | None = None) -> list[RequestOutput]:
+             tools: list[dict] | None = None,
+             lora_request: LoRARequest | None = None) -> list[RequestOutput]:
         """One conversation (a list of {"role", "content"}) or a list of conversations, rendered
         with the model's chat template as the server renders it (vLLM's options: the
         assistant's header, or the last assistant message left open to be continued; the
@@ -107,19 +115,21 @@ class LLM:
         # would get a second BOS on Llama and Mistral).
         outs = self.generate([{"prompt_token_ids": encode_prompt(tokenizer, t,
                                                                  add_special_tokens=False)}
-                              for t in texts], sampling_params, use_tqdm=use_tqdm)
+                              for t in texts], sampling_params, use_tqdm=use_tqdm,
+                             lora_request=lora_request)
         for out, text in zip(outs, texts, strict=True):
             out.prompt = text
         return outs
 
-    def generate_stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None
-                        ) -> Iterator[RequestOutput]:
+    def generate_stream(self, prompt: PromptType, sampling_params: SamplingParams | None = None,
+                        lora_request: LoRARequest | None = None) -> Iterator[RequestOutput]:
         """Yield the growing output of one request after every step that extends it (a prompt
         as `generate` takes one). While a stop string could still match, the text's last
         len(stop) - 1 characters are held back (as vLLM and the server do): a match cuts the
         text where it begins, which may be text a step already produced."""
         params = _salted(prompt, sampling_params or self.get_default_sampling_params())
-        req = self.engine.add_request(_prompt_input(prompt), params, stream=True)
+        req = self.engine.add_request(_prompt_input(prompt), params, stream=True,
+                                      lora_request=lora_request)
         holdback = max(map(len, req.params.stop), default=1) - 1
         shown = 0  # characters of the text yielded so far
         try:

@@ -47,8 +47,8 @@ def test_one_slot_serves_the_most_urgent_first(expected):
 
 def test_a_short_pool_preempts_the_least_urgent(expected):
     """Three 40-token replies in a pool of ~6 blocks: requests are preempted. Under equal
-    priorities the victim is the last admitted (first come, first served); given the first
-    place, that same request is never preempted, and every text stays the greedy one."""
+    priorities the victim is the latest arrival; given the first place, that same request is
+    never preempted, and every text stays the greedy one."""
     engine = LLM(dtype="float32", scheduling_policy="priority", kv_cache_memory="4MiB",
                  enable_prefix_caching=False).engine
     assert engine.block_manager.num_blocks * engine.block_manager.block_size < 3 * 50

@@ -224,6 +224,21 @@ def test_a_request_waiting_for_a_shared_prefix_lets_unrelated_ones_pass():
     assert b.num_cached_tokens == len(shared)
 
 
+def test_under_priority_a_shared_prefix_wait_lets_only_its_own_priority_pass():
+    sched, _ = make_sched(num_blocks=1024, budget=128, chunk=64, policy="priority")
+    shared = toks(9, 2 * MIN_SHARED_TOKENS_TO_WAIT)
+    a, b = make_req("a", shared + toks(1, 3)), make_req("b", shared + toks(2, 3))
+    c = make_req("c", toks(3, 10))  # as urgent as b: passes it, as under fcfs
+    d = make_req("d", toks(4, 10), priority=5)  # less urgent: would take b's slot
+    add(sched, a, b, c, d)
+    assert scheduled_ids(step(sched)) == [("a", 64), ("c", 10)]
+    assert list(sched.waiting) == [b, d]
+    outs = run_to_completion(sched)
+    admitted = {r.request_id: i for i, o in enumerate(outs) for r, _ in o.scheduled
+                if r.request_id not in ("a", "c")}
+    assert admitted["b"] <= admitted["d"] and b.num_cached_tokens == len(shared)
+
+
 def test_a_wait_ends_when_the_request_it_waits_for_is_aborted():
     sched, _ = make_sched(num_blocks=1024, budget=128, chunk=64)
     shared = toks(9, 2 * MIN_SHARED_TOKENS_TO_WAIT)
@@ -396,7 +411,7 @@ def test_a_readmission_after_preemption_is_not_a_new_prefix_lookup():
 @pytest.mark.parametrize("policy", ["fcfs", "priority"])
 @pytest.mark.parametrize("caching", [True, False])
 def test_random_workload_under_memory_pressure_finishes(caching, policy):
-    rng = random.Random(7)
+    rng, urgency = random.Random(7), random.Random(8)
     sched, bm = make_sched(num_blocks=12, budget=20, max_seqs=5, chunk=8, caching=caching,
                            policy=policy)
     shared = toks(99, 8)
@@ -404,7 +419,7 @@ def test_random_workload_under_memory_pressure_finishes(caching, policy):
     for i in range(25):
         prompt = (shared if rng.random() < 0.5 else []) + toks(i, rng.randint(1, 12))
         reqs.append(make_req(f"r{i}", prompt, max_tokens=rng.randint(1, 16),
-                             priority=rng.randint(-2, 2)))
+                             priority=urgency.randint(-2, 2)))
     add(sched, *reqs)
     outs = run_to_completion(sched, max_steps=3000)
     assert sched.num_preemptions > 0  # the pool really was short
@@ -426,10 +441,10 @@ def test_priority_admits_the_most_urgent_first_then_by_arrival():
     assert scheduled_ids(step(sched)) == [("a", 4), ("c", 4)]
 
 
-def test_the_same_requests_first_come_first_served():
+def test_fcfs_ignores_priorities():
     sched, _ = make_sched(budget=100, max_seqs=2)
-    add(sched, *(make_req(rid, toks(i, 4), max_tokens=1, priority=0)
-                 for i, rid in enumerate("abcd")))
+    add(sched, *(make_req(rid, toks(i, 4), max_tokens=1, priority=p)
+                 for i, (rid, p) in enumerate([("a", 1), ("b", 0), ("c", 1), ("d", 0)])))
     assert scheduled_ids(step(sched)) == [("a", 4), ("b", 4)]
 
 

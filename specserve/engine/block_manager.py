@@ -25,7 +25,7 @@ class Block:
         self.block_hash: int | None = None
         self.token_ids: tuple[int, ...] | None = None
         # (block_id, generation) of the block before it in the sequence; for a first block,
-        # None, or ("salt", cache_salt) for a salted request's.
+        # None, or ("salt", cache_salt, LoRA load) for a salted or adapted request's.
         self.parent: tuple | None = None
         self.generation = 0  # bumped on every reuse, so a stale parent link never matches
 
@@ -34,11 +34,16 @@ def hash_block(parent_hash: int | None, token_ids: tuple[int, ...]) -> int:
     return hash((parent_hash, token_ids))
 
 
-def _salt(req) -> tuple[str, str] | None:
+def _salt(req) -> tuple[str, str | None, int | None] | None:
     """What comes before a request's first block: vLLM's cache_salt, so that requests with
     different salts (tenants) never share cached KV, nor learn from a hit's speed what another
-    prompted."""
-    return None if req.cache_salt is None else ("salt", req.cache_salt)
+    prompted; and the LoRA adapter, whose KV differs from the base model's for the same tokens
+    (a draft model's requests have none: its KV is the same whatever the target's adapter)."""
+    lora = getattr(req, "lora", None)
+    lora_uid = None if lora is None else lora.uid
+    if req.cache_salt is None and lora_uid is None:
+        return None
+    return ("salt", req.cache_salt, lora_uid)
 
 
 class BlockManager:

@@ -6,6 +6,7 @@ import bisect
 import dataclasses
 import functools
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +38,8 @@ from specserve.hardware import describe_cpu_precision
 from specserve.layers import paged_attention_ext
 from specserve.layers.kv_cache import resolve_kv_dtype
 from specserve.layers.linear import pack_linears
+from specserve.lora.adapter import LoRAAdapter, load_adapter
+from specserve.lora.request import LoRARequest
 from specserve.models.generation_config import resolve_sampling_defaults
 from specserve.models.llama import build_model
 from specserve.models.loader import load_model
@@ -158,6 +161,8 @@ class LLMEngine:
                              f"block ({block_bytes} bytes): raise kv_cache_memory")
         num_blocks = cache.num_blocks or max((budget - draft_fixed) // block_bytes, 1)
         self.runner = ModelRunner(self.model, cfg, cache, num_blocks, kv_dtype)
+        self.runner.lora_enabled = config.enable_lora
+        self.loras: dict[int, LoRAAdapter] = {}  # by lora_int_id (add_lora)
         if self.device.type != "cpu":
             # Sampling stays on the host, and its argmax uses the CPU extension: built here,
             # not inside the first request's time to first token (10-50 s).
@@ -257,20 +262,24 @@ class LLMEngine:
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, stream: bool = False,
-                    arrival_time: float | None = None, priority: int = 0) -> Request:
+                    arrival_time: float | None = None, priority: int = 0,
+                    lora_request: LoRARequest | None = None) -> Request:
         """Validate and queue a request. Raises ValueError for bad input; nothing else changes.
         arrival_time (time.perf_counter()): when it reached the front end, if earlier than now
         (the server's: its queue time and TTFT then count the wait for the engine thread).
-        priority: vLLM's; lower is served first, under scheduling_policy="priority" only."""
+        priority: vLLM's; lower is served first, under scheduling_policy="priority" only.
+        lora_request: the adapter to run it with (loaded on first use; enable_lora)."""
         # A copy, normalised and validated again (a `stop` string set after construction
         # becomes a list): the request must not change with the caller's object either.
         params = dataclasses.replace(params) if params is not None \
             else self.default_sampling_params()
-        if type(priority) is not int:
+        if isinstance(priority, bool) or not hasattr(priority, "__index__"):
             raise ValueError(f"priority must be an integer, not {priority!r}")
+        priority = operator.index(priority)  # a numpy integer too
         if priority and not self.scheduler.by_priority:
             raise ValueError(f"priority {priority} needs priority scheduling: start the engine "
                              "with scheduling_policy='priority' (--scheduling-policy priority)")
+        adapter = self.add_lora(lora_request) if lora_request is not None else None
         if params.n != 1:
             raise ValueError(f"the engine runs one sequence per request (n={params.n}): "
                              "LLM.generate and the server fan n out, one request per choice")
@@ -306,6 +315,7 @@ class LLMEngine:
         if arrival_time is not None:
             req.arrival_time = min(arrival_time, req.arrival_time)
         req.priority = priority
+        req.lora = adapter
         if params.bad_words:
             req.bad_words = BadWords(bad_words_token_ids(self.tokenizer, params.bad_words,
                                                          vocab))
@@ -318,6 +328,35 @@ class LLMEngine:
         self.requests[request_id] = req
         self.scheduler.add_request(req)
         return req
+
+    # ---- LoRA adapters (vLLM's add_lora / remove_lora / list_loras) ----------------------------
+    def add_lora(self, lora_request: LoRARequest) -> LoRAAdapter:
+        """Load an adapter (once per lora_int_id) and return it. Raises ValueError for an engine
+        without enable_lora, an id already taken by another adapter, or an adapter that does
+        not fit the model (specserve/lora/adapter.py)."""
+        if not self.config.enable_lora:
+            raise ValueError("LoRA adapters need an engine started with enable_lora=True "
+                             "(--enable-lora)")
+        known = self.loras.get(lora_request.lora_int_id)
+        if known is not None:
+            if known.request.lora_path != lora_request.lora_path:
+                raise ValueError(f"lora_int_id {lora_request.lora_int_id} is already "
+                                 f"{known.request.lora_path!r}, not {lora_request.lora_path!r}")
+            return known
+        adapter = load_adapter(lora_request, self.model_config, self.config.max_lora_rank,
+                               self.dtype, self.device)
+        self.loras[lora_request.lora_int_id] = adapter
+        logger.info("LoRA adapter %r (id %d, rank %d, %.1f MiB) from %s", lora_request.lora_name,
+                    lora_request.lora_int_id, adapter.rank, adapter.nbytes / 2**20,
+                    lora_request.lora_path)
+        return adapter
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Forget an adapter; requests running with it finish with it."""
+        return self.loras.pop(lora_int_id, None) is not None
+
+    def list_loras(self) -> set[int]:
+        return set(self.loras)
 
     def _grammar_backend(self) -> GrammarBackend:
         with self._grammar_lock:  # the server compiles on other threads (compile_grammar)

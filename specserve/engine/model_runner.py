@@ -15,6 +15,7 @@ from specserve.layers import paged_attention_ext
 from specserve.layers.attention import AttentionMetadata, AttnGroup
 from specserve.layers.kv_cache import LayerKVCache
 from specserve.layers.kv_cache import kv_bytes_per_token as layer_kv_bytes
+from specserve.lora.batch import LoRABatch
 from specserve.models.layer_loop import LayerLoop
 from specserve.models.llama import LlamaModel
 
@@ -69,6 +70,9 @@ class ModelRunner:
         # Layers whose output residual stream an EAGLE head reads beside the final hidden
         # states (its fused features); set by the engine for such a proposer.
         self.aux_layers: tuple[int, ...] = ()
+        # Whether requests may carry a LoRA adapter (Request.lora; the target's runner of an
+        # engine with enable_lora): each step then maps its rows to their adapters.
+        self.lora_enabled = False
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -154,6 +158,10 @@ class ModelRunner:
             groups.append(self._group([scheduled[i] for i in long]))
         meta = AttentionMetadata(slot_mapping=torch.from_numpy(np.concatenate(slot_mapping)),
                                  groups=groups, block_size=bs)
+        if self.lora_enabled:
+            meta.lora = LoRABatch.build(
+                [(getattr(r, "lora", None), query_start[i], query_start[i] + n)
+                 for i, (r, n) in enumerate(scheduled)], len(ids), self.device)
         inputs = StepInputs(torch.tensor(ids, dtype=torch.long),
                             torch.from_numpy(np.concatenate(positions)), meta, order, query_start)
         return inputs if self.device.type == "cpu" else self._to_device(inputs)
@@ -184,8 +192,8 @@ class ModelRunner:
         loop). float32_logits=False: the logits in the LM head's dtype (see
         LlamaModel.compute_logits)."""
         aux = {"aux_layers": self.aux_layers} if self.aux_layers else {}
-        if self.layer_loop is not None and not model_inputs and \
-                self.layer_loop.accepts(inputs.meta):
+        if self.layer_loop is not None and not model_inputs and inputs.meta.lora is None \
+                and self.layer_loop.accepts(inputs.meta):
             out = self.layer_loop.forward(inputs.input_ids, inputs.positions, inputs.meta,
                                           before_layers=on_forward, **aux)
         else:

@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from specserve.lora.adapter import LoRAAdapter
 from specserve.outputs import Logprob
 from specserve.sample.penalties import has_logit_processing
 from specserve.sample.token_bans import BadWords
@@ -48,6 +49,7 @@ class Request:
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache
         self.status = RequestStatus.WAITING
         self.priority = 0  # lower runs first under the priority scheduling policy
+        self.lora: LoRAAdapter | None = None  # the adapter its rows run (engine's enable_lora)
         self.stop_reason: int | str | None = None
         self.block_ids: list[int] = []
         self.cache_salt = params.cache_salt  # vLLM's: prefix-cache isolation (block_manager)

@@ -8,8 +8,11 @@ is preempted: its blocks are freed and it is recomputed later (its prefix is lik
 
 With `scheduling_policy="priority"` (vLLM's) both queues are kept in (priority, arrival) order,
 lower values first: the waiting queue admits the most urgent request first, running requests get
-the step's budget in that order, and the least urgent running request is the one preempted. As in
-vLLM V1, a waiting request never evicts a running one: it takes the next free slot or blocks.
+the step's budget in that order (vLLM V1 keeps them in admission order; here an urgent prompt's
+prefill goes before a less urgent request's decode), and the least urgent running request is the
+one preempted. As in vLLM V1, a waiting request never evicts a running one: it takes the next
+free slot, and one that does not fit the pool blocks the queue behind it. A request waiting for
+an in-flight prefix lets only requests of its own priority pass it.
 
 Prefix caching only serves blocks already computed. Requests that arrive together with a long
 common prefix (a RAG document, n choices of one prompt) would each prefill it, several times over
@@ -132,8 +135,11 @@ class Scheduler:
         try:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting[0]
+                if deferred and self.by_priority and req.priority > deferred[0].priority:
+                    break  # a wait for a shared prefix lets no less urgent request pass it
                 # A preempted request is not held back: passed by others, it would be the
-                # newest again, the next victim, and its cached blocks could be evicted.
+                # newest (fcfs) or least urgent again, the next victim, and its cached blocks
+                # could be evicted.
                 if (inflight and req.status != RequestStatus.PREEMPTED
                         and self._waits_for_inflight(req, inflight)):
                     deferred.append(self.waiting.popleft())

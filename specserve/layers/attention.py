@@ -19,12 +19,16 @@ No per-sequence Python loop runs inside a layer, and caches are never concatenat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from specserve.hardware import cpu_has_bf16_gemm
 from specserve.layers import paged_attention_ext
 from specserve.layers.kv_cache import LayerKVCache
+
+if TYPE_CHECKING:
+    from specserve.lora.batch import LoRABatch
 
 
 @dataclass(slots=True)
@@ -50,6 +54,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] cache slot where each new token's K/V is written
     groups: list[AttnGroup]
     block_size: int
+    # Which rows run which LoRA adapter (specserve/lora/batch.py); None: the base model only.
+    lora: LoRABatch | None = None
 
 
 def paged_attention(

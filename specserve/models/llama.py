@@ -17,6 +17,7 @@ from specserve.layers import fused
 from specserve.layers.attention import AttentionMetadata, paged_attention
 from specserve.layers.kv_cache import LayerKVCache
 from specserve.layers.rotary import RotaryEmbedding
+from specserve.lora.batch import LoRABatch
 
 
 class RMSNorm(nn.Module):
@@ -34,9 +35,10 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.cfg = cfg
+        self.layer = layer  # which adapter updates apply (meta.lora)
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size,
                                   bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
@@ -45,28 +47,37 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
+        if meta.lora is not None:
+            meta.lora.add(qkv, x, self.layer, "qkv_proj")
         # The new tokens' K/V go into the pool first, so a query sees itself and its own chunk.
         q = fused.rope_write_kv(qkv, cos, sin, meta.slot_mapping, kv_cache, self.cfg.num_heads)
-        return self.o_proj(paged_attention(q, kv_cache, meta, self.scale))
+        out = paged_attention(q, kv_cache, meta, self.scale)
+        if meta.lora is None:
+            return self.o_proj(out)
+        return meta.lora.add(self.o_proj(out), out, self.layer, "o_proj")
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.layer = layer
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(fused.silu_and_mul(self.gate_up_proj(x)))
+    def forward(self, x: torch.Tensor, lora: LoRABatch | None = None) -> torch.Tensor:
+        if lora is None:
+            return self.down_proj(fused.silu_and_mul(self.gate_up_proj(x)))
+        h = fused.silu_and_mul(lora.add(self.gate_up_proj(x), x, self.layer, "gate_up_proj"))
+        return lora.add(self.down_proj(h), h, self.layer, "down_proj")
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = Attention(cfg, layer)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, layer)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None, cos: torch.Tensor,
                 sin: torch.Tensor, kv_cache: LayerKVCache,
@@ -79,7 +90,7 @@ class DecoderLayer(nn.Module):
             x, residual = self.input_norm(x, residual)
         x = self.attn(x, cos, sin, kv_cache, meta)
         x, residual = self.post_attn_norm(x, residual)
-        return self.mlp(x), residual
+        return self.mlp(x, meta.lora), residual
 
 
 class LlamaModel(nn.Module):
@@ -87,7 +98,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specserve.engine.llm_engine import LLMEngine
+from specserve.lora.request import LoRARequest
 from specserve.server.async_engine import AsyncEngine
 from specserve.server.errors import APIError, error_response, install_error_handlers
 from specserve.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -104,7 +105,10 @@ async def metrics(request: Request) -> Response:
 @router.get("/v1/models")
 async def list_models(request: Request) -> ModelList:
     serving: OpenAIServing = _state(request).serving
-    return ModelList(data=[ModelCard(id=serving.model_name, max_model_len=serving.max_model_len)])
+    base = ModelCard(id=serving.model_name, max_model_len=serving.max_model_len)
+    return ModelList(data=[base, *(
+        ModelCard(id=name, root=lora.lora_path, parent=serving.model_name,
+                  max_model_len=serving.max_model_len) for name, lora in serving.loras.items())])
 
 
 @router.post("/v1/completions", dependencies=_json_body)
@@ -200,9 +204,11 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
               allowed_origins: list[str] | None = None,
               max_request_bytes: int = 64 << 20,
               tool_call_parser: str | None = None,
-              reasoning_parser: str | None = None) -> FastAPI:
+              reasoning_parser: str | None = None,
+              loras: dict[str, LoRARequest] | None = None) -> FastAPI:
     """The FastAPI app around a loaded engine. The engine thread starts with the app's lifespan
-    and stops with it, aborting whatever is still running."""
+    and stops with it, aborting whatever is still running. loras: adapters served by name
+    beside the base model, each loaded into the engine here."""
     model_name = served_model_name or engine.model_name
     server_metrics = ServerMetrics(model_name, stats=lambda: async_engine.stats,
                                    max_model_len=engine.max_model_len,
@@ -226,9 +232,13 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
     app.state.metrics = server_metrics
     model_arg = engine.config.model
     aliases = (model_arg,) if model_arg and not served_model_name else ()
+    for name, lora in (loras or {}).items():
+        if name in (model_name, *aliases):
+            raise ValueError(f"LoRA adapter name {name!r} is the base model's name")
+        engine.add_lora(lora)
     app.state.serving = OpenAIServing(async_engine, model_name, server_metrics, aliases,
                                       tool_call_parser=tool_call_parser,
-                                      reasoning_parser=reasoning_parser)
+                                      reasoning_parser=reasoning_parser, loras=loras)
     install_error_handlers(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
@@ -256,12 +266,18 @@ def run_server(args: argparse.Namespace) -> None:
     engine = LLMEngine(build_engine_config(args.model, **engine_kwargs(args)))
     logger.info("loaded %s in %.1fs: %d KV blocks", engine.model_name, engine.load_time,
                 engine.block_manager.num_blocks)
-    app = build_app(engine, served_model_name=args.served_model_name, api_key=args.api_key,
-                    max_queue=args.max_queue, engine_thread=False,
-                    stream_interval=args.stream_interval, allowed_origins=args.allowed_origins,
-                    max_request_bytes=args.max_request_bytes,
-                    tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice
-                    else None, reasoning_parser=args.reasoning_parser)
+    loras = {name: LoRARequest(name, i + 1, path)
+             for i, (name, path) in enumerate(args.lora_modules or ())}
+    try:
+        app = build_app(engine, served_model_name=args.served_model_name, api_key=args.api_key,
+                        max_queue=args.max_queue, engine_thread=False,
+                        stream_interval=args.stream_interval,
+                        allowed_origins=args.allowed_origins,
+                        max_request_bytes=args.max_request_bytes,
+                        tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice
+                        else None, reasoning_parser=args.reasoning_parser, loras=loras)
+    except ValueError as exc:  # an adapter that does not load or fit
+        sys.exit(f"specserve: error: {exc}")
     # uvicorn cancels the responses still open when its graceful timeout runs out (a cut
     # stream, a bare 500); the engine aborts them first (drain), and uvicorn waits a little
     # longer than that for them to end properly.

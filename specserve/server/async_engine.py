@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specserve.engine.llm_engine import LLMEngine
+from specserve.lora.request import LoRARequest
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
 
@@ -165,6 +166,7 @@ class _Add:
     stream_text: bool
     done: asyncio.Future
     priority: int = 0
+    lora_request: LoRARequest | None = None
 
 
 @dataclass(slots=True)
@@ -290,7 +292,8 @@ class AsyncEngine:
     # ---- the API used by request handlers (event loop) ----------------------------------------
     async def add_requests(self, request_ids: list[str], prompts: Sequence[str | list[int]],
                            params: Sequence[SamplingParams], stream: bool = False,
-                           priority: int = 0) -> OutputStream:
+                           priority: int = 0, lora_request: LoRARequest | None = None
+                           ) -> OutputStream:
         """Queue a group of engine requests, all or none. With `stream`, every output carries
         the text so far (incremental detokenization); otherwise only the final one has text.
         Raises ValueError for input the engine refuses, QueueFullError past the admission
@@ -318,7 +321,7 @@ class AsyncEngine:
         output_stream = OutputStream(self, request_ids, arrival)
         self._num_in_flight += len(request_ids)
         done = self._loop.create_future()
-        self._submit(_Add(output_stream, prompts, params, stream, done, priority))
+        self._submit(_Add(output_stream, prompts, params, stream, done, priority, lora_request))
         try:
             await done
         except BaseException:
@@ -467,7 +470,8 @@ class AsyncEngine:
                 self.engine.add_request(prompt, params, request_id=rid,
                                         stream=command.stream_text,
                                         arrival_time=command.output._arrival,
-                                        priority=command.priority)
+                                        priority=command.priority,
+                                        lora_request=command.lora_request)
                 added.append(rid)
         except Exception as exc:  # all or none: take back the ones already queued
             for rid in added:

@@ -6,6 +6,7 @@ Nothing heavy is imported here: `specserve --help` must stay fast.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 
@@ -53,13 +54,23 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="split a reasoning model's reply into reasoning_content and content "
                         "(deepseek_r1: reasoning up to </think>, as DeepSeek-R1's distilled "
                         "models and QwQ write it)")
+    p.add_argument("--lora-modules", nargs="+", type=_lora_module, default=None,
+                   metavar="NAME=PATH",
+                   help="LoRA adapters to serve beside the base model (with --enable-lora): a "
+                        "request whose model is NAME runs the PEFT adapter in directory PATH "
+                        '(or JSON {"name": ..., "path": ...}, as vLLM takes them)')
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
 
 
 def check_tool_flags(args: argparse.Namespace) -> None:
-    """Refuse, before the model loads, a tool flag that would do nothing."""
+    """Refuse, before the model loads, a tool or LoRA flag that would do nothing."""
+    names = [name for name, _ in args.lora_modules or ()]
+    if names and not args.enable_lora:
+        raise SystemExit("--lora-modules needs --enable-lora")
+    if len(set(names)) != len(names):
+        raise SystemExit("--lora-modules names each adapter once")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise SystemExit("--enable-auto-tool-choice needs --tool-call-parser (one of "
                          f"{', '.join(sorted(TOOL_CALL_PARSERS))})")
@@ -83,6 +94,22 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
     return value
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    """NAME=PATH, or vLLM's JSON form {"name": ..., "path": ...}: (name, path)."""
+    if text.lstrip().startswith("{"):
+        try:
+            spec = json.loads(text)
+            name, path = spec["name"], spec["path"]
+        except (ValueError, KeyError, TypeError):
+            raise argparse.ArgumentTypeError(
+                'expected {"name": ..., "path": ...}') from None
+    else:
+        name, _, path = text.partition("=")
+    if not isinstance(name, str) or not isinstance(path, str) or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, path
 
 
 def _origins(text: str) -> list[str]:

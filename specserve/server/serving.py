@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from specserve.engine.detokenizer import decode, token_bytes
 from specserve.engine.prompts import encode_chat, encode_prompt, truncate_prompt
+from specserve.lora.request import LoRARequest
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
 from specserve.server.async_engine import (
@@ -91,8 +92,12 @@ class OpenAIServing:
 
     def __init__(self, engine: AsyncEngine, model_name: str,
                  metrics: ServerMetrics | None = None, aliases: tuple[str, ...] = (),
-                 tool_call_parser: str | None = None, reasoning_parser: str | None = None):
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+                 loras: dict[str, LoRARequest] | None = None):
         self.engine = engine
+        # LoRA adapters served beside the base model, by the name a request's `model` gives
+        # (vLLM's --lora-modules), already loaded into the engine.
+        self.loras = loras or {}
         self.model_name = model_name
         # How tool_choice "auto" reads the model's calls (None: such requests are refused),
         # and how a reply's reasoning is told from its answer (None: it is not).
@@ -146,7 +151,8 @@ class OpenAIServing:
 
     # ---- endpoints ----------------------------------------------------------------------------
     async def completions(self, req: CompletionRequest, raw: Request) -> Response:
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
+        self._check_priority(req.priority)
         with _refused_as_400():
             prompts = req.prompts()
             prompt_ids = await self._tokenize(
@@ -168,7 +174,7 @@ class OpenAIServing:
             params = req.to_sampling_params(max_tokens, req.logprobs, self._defaults)
         request_id = f"cmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, prompt_ids, params, req.n, req.stream,
-                                   req.priority)
+                                   req.priority, lora)
         num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
         echo = self._echo(req, prompts, prompt_ids) if req.echo else None
         if req.stream:
@@ -201,16 +207,17 @@ class OpenAIServing:
                 index=i, text=text, logprobs=logprobs, finish_reason=c.finish_reason,
                 stop_reason=c.stop_reason,
                 prompt_logprobs=self._prompt_logprobs(scores, req.prompt_logprobs)))
-        body = CompletionResponse(id=request_id, model=self.model_name, choices=choices,
+        body = CompletionResponse(id=request_id, model=self.served_name(req), choices=choices,
                                   usage=_usage(num_prompt_tokens, outputs, req.n))
         return _json(body)
 
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
+        self._check_priority(req.priority)
         prompt_ids, params, splits_reasoning = await self._chat_prompt(req)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream,
-                                   req.priority)
+                                   req.priority, lora)
         if req.stream:
             events = self._chat_events(request_id, req, params, splits_reasoning, stream,
                                        len(prompt_ids))
@@ -238,7 +245,7 @@ class OpenAIServing:
             choices.append(ChatChoice(index=i, message=message, logprobs=logprobs,
                                       finish_reason=finish_reason, stop_reason=c.stop_reason))
         body = ChatCompletionResponse(
-            id=request_id, model=self.model_name, choices=choices,
+            id=request_id, model=self.served_name(req), choices=choices,
             usage=_usage(len(prompt_ids), outputs, req.n),
             prompt_logprobs=self._prompt_logprobs(outputs[0].prompt_logprobs,
                                                   req.prompt_logprobs))
@@ -283,14 +290,15 @@ class OpenAIServing:
 
     async def responses(self, req: ResponsesRequest, raw: Request) -> Response:
         """OpenAI's Responses API, run as the chat request it means (responses.py)."""
-        self.check_model(req.model)
+        lora = self.check_model(req.model)
+        self._check_priority(req.chat.priority)
         chat = req.chat
         prompt_ids, params, splits_reasoning = await self._chat_prompt(chat)
         response_id = new_id("resp")
         stream = await self._submit(response_id, [prompt_ids], params, 1, req.stream,
-                                   chat.priority)
+                                   chat.priority, lora)
         reader = self._reply_reader(chat, params, splits_reasoning)
-        events = ResponseEvents(response_id, self.model_name, req, self._cache_block,
+        events = ResponseEvents(response_id, self.served_name(req), req, self._cache_block,
                                 lambda text: len(encode_prompt(self._tokenizer, text, False)))
         if req.stream:
             return EventStreamResponse(response_events(events, stream, reader), stream,
@@ -334,10 +342,24 @@ class OpenAIServing:
         return Response(body, media_type="application/json")
 
     # ---- validation and submission ------------------------------------------------------------
-    def check_model(self, model: str | None) -> None:
+    def check_model(self, model: str | None) -> LoRARequest | None:
+        """The adapter a request's model names (None: the base model); a 404 for no model."""
+        if model in self.loras:
+            return self.loras[model]
         if model is not None and model not in self._names:
             raise APIError(404, f"The model `{model}` does not exist.", param="model",
                            code="model_not_found")
+        return None
+
+    def _check_priority(self, priority: int) -> None:
+        """Before any work: a priority an fcfs server would silently ignore is a 400."""
+        if priority and not self.engine.engine.scheduler.by_priority:
+            raise APIError(400, "priority needs a server started with --scheduling-policy "
+                                "priority", param="priority")
+
+    def served_name(self, req: Any) -> str:
+        """The model a response names: the adapter the request asked for, else the base."""
+        return req.model if req.model in self.loras else self.model_name
 
     def _check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
         """Refuse up front what cannot fit, rather than silently cutting the output short."""
@@ -353,12 +375,10 @@ class OpenAIServing:
                            code="context_length_exceeded")
 
     async def _submit(self, request_id: str, prompt_ids: list[list[int]], params: SamplingParams,
-                      n: int, stream: bool, priority: int) -> OutputStream:
+                      n: int, stream: bool, priority: int,
+                      lora: LoRARequest | None) -> OutputStream:
         """One engine request per (prompt, choice), choice index = prompt * n + j. A seeded
         request gives choice j the seed + j, so that the n choices differ but are reproducible."""
-        if priority and not self.engine.engine.scheduler.by_priority:
-            raise APIError(400, "priority needs a server started with --scheduling-policy "
-                                "priority", param="priority")
         ids, prompts, all_params = [], [], []
         for p, ids_p in enumerate(prompt_ids):
             for j in range(n):
@@ -368,7 +388,8 @@ class OpenAIServing:
         try:
             with _refused_as_400():
                 output_stream = await self.engine.add_requests(ids, prompts, all_params,
-                                                               stream=stream, priority=priority)
+                                                               stream=stream, priority=priority,
+                                                               lora_request=lora)
         except QueueFullError as exc:
             raise APIError(429, str(exc), code="queue_full") from exc
         except (EngineClosedError, EngineDeadError) as exc:
@@ -392,13 +413,14 @@ class OpenAIServing:
                                  stream: OutputStream, prompt_ids: list[list[int]],
                                  echo: _Echo | None) -> AsyncIterator[BaseModel | str]:
         created = int(time.time())
+        model = self.served_name(req)
         num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
         deltas = DeltaTracker(len(stream.request_ids), req.stop)
         to_echo = set(range(len(stream.request_ids))) if echo is not None else set()
         scores: dict[int, list | None] = {}  # per prompt, what its choice 0 scored
         final: list[RequestOutput | None] = [None] * len(stream.request_ids)
         text_chunk = TextChunk(lambda i, text: CompletionResponse(
-            id=request_id, created=created, model=self.model_name,
+            id=request_id, created=created, model=model,
             choices=[CompletionChoice(index=i, text=text)]))
         continuous_usage, num_tokens = req.continuous_usage, None
         outputs = (stream if echo is None or req.logprobs is None
@@ -415,7 +437,7 @@ class OpenAIServing:
                     echo.skip_special[p], as_ids=req.return_tokens_as_token_ids)
                 usage = _usage_info((num_prompt_tokens, sum(deltas.sent_tokens))
                                     if continuous_usage else None)
-                yield CompletionResponse(id=request_id, created=created, model=self.model_name,
+                yield CompletionResponse(id=request_id, created=created, model=model,
                                          choices=[CompletionChoice(index=i, text=echo.texts[p],
                                                                    logprobs=logprobs)],
                                          usage=usage)
@@ -438,20 +460,20 @@ class OpenAIServing:
                 continue
             choice = CompletionChoice(index=i, text=text, logprobs=logprobs,
                                       finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-            yield CompletionResponse(id=request_id, created=created, model=self.model_name,
+            yield CompletionResponse(id=request_id, created=created, model=model,
                                      choices=[choice], usage=_usage_info(num_tokens))
         if req.include_usage:
-            yield CompletionResponse(id=request_id, created=created, model=self.model_name,
+            yield CompletionResponse(id=request_id, created=created, model=model,
                                      choices=[], usage=_usage(num_prompt_tokens, final, req.n))
 
     async def _chat_events(self, request_id: str, req: ChatCompletionRequest,
                            params: SamplingParams, splits_reasoning: bool,
                            stream: OutputStream, num_prompt_tokens: int
                            ) -> AsyncIterator[BaseModel | str]:
-        created = int(time.time())
+        created, model = int(time.time()), self.served_name(req)
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None):
-            return ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
+            return ChatCompletionChunk(id=request_id, created=created, model=model,
                                        choices=choices, usage=usage)
 
         num_choices = len(stream.request_ids)

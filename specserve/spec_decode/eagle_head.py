@@ -60,7 +60,7 @@ class EagleHead(nn.Module):
         h = target_cfg.hidden_size
         self.feature_size = h * (1 + len(self.feature_layers))  # one feature row's width
         self.fc = nn.Linear(h + self.feature_size, h, bias=False, dtype=dtype)
-        self.layers = nn.ModuleList([DecoderLayer(self.cfg).to(dtype)])
+        self.layers = nn.ModuleList([DecoderLayer(self.cfg, 0).to(dtype)])
         # The target's features are *normed* hidden states; predicting them through a final
         # norm (trained from the target's) keeps the output on their scale from the first step.
         self.norm = RMSNorm(h, target_cfg.rms_norm_eps).to(dtype)
