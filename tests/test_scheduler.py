@@ -560,6 +560,28 @@ def test_drafts_are_dropped_before_anyone_is_preempted():
     assert a.spec_token_ids == [1] and bm.num_free_blocks == 0
 
 
+def test_drafts_take_no_block_a_request_behind_needs():
+    """a's drafts would fit in the last free block, which b needs for its decode token: a
+    verifies nothing this step and nobody is preempted (before, b lost its KV for a's guess)."""
+    sched, bm = make_sched(num_blocks=4, budget=100)
+    a = _decoding(sched, "a", 2 * BS - 2)  # 2 blocks; its next decode token fits, drafts not
+    b = _decoding(sched, "b", BS)  # 1 block, full: its decode token needs a new one
+    assert bm.num_free_blocks == 1
+    a.spec_token_ids = [1, 2, 3]
+    out = sched.schedule()
+    check_step(sched, out)
+    assert out.preempted == [] and scheduled_ids(out) == [("a", 1), ("b", 1)]
+
+
+def test_drafts_still_take_blocks_nobody_needs():
+    sched, bm = make_sched(num_blocks=5, budget=100)
+    a = _decoding(sched, "a", 2 * BS - 2)
+    _decoding(sched, "b", BS)
+    a.spec_token_ids = [1, 2, 3]
+    out = sched.schedule()
+    assert out.preempted == [] and scheduled_ids(out) == [("a", 4), ("b", 1)]
+
+
 # ---- finish / abort ----------------------------------------------------------------------------
 def test_finish_removes_a_waiting_or_running_request():
     sched, bm = make_sched(budget=100, max_seqs=1)

@@ -91,10 +91,15 @@ class Scheduler:
         # requests behind (still holding their unverified drafts, so never proposed for anew)
         # would wait until the front ones finished.
         behind = sum(r.num_computed_tokens < r.num_tokens for r in self.running)
+        # Nor does a request's drafts take a block that a request behind needs for its known
+        # tokens: the blocks each running request needs for them, reserved until it is served.
+        needs = [self._blocks_for_known(r) for r in self.running]
+        reserved = sum(needs)
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             behind -= req.num_computed_tokens < req.num_tokens
+            reserved -= needs[i]
             num_new = req.num_tokens + len(req.spec_token_ids) - req.num_computed_tokens
             num_new = min(num_new, budget, cfg.long_prefill_token_threshold)
             if num_new <= 0:
@@ -110,18 +115,21 @@ class Scheduler:
             # them the step still decodes req's token; step() sees that no draft was verified
             # and rolls the proposer back.
             with_drafts, no_drafts = num_new, min(num_new, known)
-            if with_drafts > no_drafts and not bm.allocate(req, with_drafts):
+            if with_drafts > no_drafts and not self._allocate_drafts(req, with_drafts, reserved):
                 num_new = no_drafts
             while not bm.allocate(req, num_new):
                 victim = self.running.pop()  # lowest priority: admitted last, or least urgent
-                behind -= victim is not req and victim.num_computed_tokens < victim.num_tokens
+                victim_needs = needs.pop()
+                if victim is not req:
+                    behind -= victim.num_computed_tokens < victim.num_tokens
+                    reserved -= victim_needs
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
                     break
             if req.status == RequestStatus.PREEMPTED:
                 break
-            if num_new < with_drafts and bm.allocate(req, with_drafts):
+            if num_new < with_drafts and self._allocate_drafts(req, with_drafts, reserved):
                 num_new = with_drafts  # a victim for the decode token left room for them
             out.scheduled.append((req, num_new))
             budget -= num_new
@@ -176,6 +184,22 @@ class Scheduler:
         finally:
             self.waiting.extendleft(reversed(deferred))  # they keep their place in the queue
         return out
+
+    def _blocks_for_known(self, req: Request) -> int:
+        """New blocks req needs this step for its known tokens (a decode token or a prefill
+        chunk), drafts aside."""
+        known = min(req.num_tokens - req.num_computed_tokens,
+                    self.config.long_prefill_token_threshold)
+        if known <= 0:
+            return 0
+        bs = self.block_manager.block_size
+        return max(-(-(req.num_computed_tokens + known) // bs) - len(req.block_ids), 0)
+
+    def _allocate_drafts(self, req: Request, num_new: int, reserved: int) -> bool:
+        """allocate(req, num_new) with its drafts, only if it leaves the reserved blocks free."""
+        bm = self.block_manager
+        extra = -(-(req.num_computed_tokens + num_new) // bm.block_size) - len(req.block_ids)
+        return extra <= bm.num_free_blocks - reserved and bm.allocate(req, num_new)
 
     def _uncomputed_prompt_blocks(self, req: Request) -> list[int]:
         """Hashes of req's full prompt blocks that are not computed yet."""
