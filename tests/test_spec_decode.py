@@ -262,6 +262,30 @@ def test_a_draft_model_serves_a_shared_prefix_from_its_own_prefix_cache(llm):
     assert computed[False] - computed[True] == shared
 
 
+def test_a_drafts_catch_up_is_shared_even_if_it_never_drafts_again(llm):
+    """A request's draft KV for a document is offered to the draft's prefix cache right after
+    the forward that computed it: another request over the document finds it while the first,
+    no longer drafting, still runs (before, only its next proposal or its end offered it)."""
+    tok = llm.get_tokenizer()
+    doc = tok(" ".join(f"Fact {i}: the mill by the river {i} grinds {i * 3} sacks." for i in
+                       range(8)), add_special_tokens=False).input_ids
+    first, second = (doc + tok(q, add_special_tokens=False).input_ids
+                     for q in (" Question: what does mill 2 grind?", " Question: and mill 5?"))
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    spec = LLM(dtype="float32", speculative_config=SPEC_CONFIGS["self-draft"],
+               speculation_policy="static")
+    engine, draft = spec.engine, spec.engine.proposer
+    engine.add_request(first, params)
+    engine.step()  # prefilled; its first proposal caught the draft up on the document
+    assert draft.num_forwards > 0
+    engine.set_speculation_policy("off")
+    rid = engine.add_request(second, params).request_id
+    engine.step()
+    req = engine.requests[rid]
+    shared = len(doc) // 16 * 16
+    assert draft.catch_up_tokens(req) == req.num_tokens - shared
+
+
 def test_a_draft_rolls_back_its_guesses_when_the_token_budget_verifies_none(llm):
     """A 5-token budget fits one request's 3 drafts and only the next one's last token: its
     guesses are dropped unverified. The draft model must still roll back past them before it

@@ -166,6 +166,10 @@ class DraftModelProposer(ModelProposer):
                                        [(seq.num_computed_tokens, n) for seq, n in batch]))
             for seq, n in batch:
                 seq.num_computed_tokens += n
+                # Offered at once, not at its next proposal: a request that stops drafting (K =
+                # 0) would keep a shared prompt's blocks from the others until then. Only the
+                # blocks below its real tokens are registered, never a guess's.
+                bm.cache_blocks(seq)
             # alive and batch are in the same order; a sequence still catching up (a chunk
             # short of its last token) guesses nothing yet.
             ready = [j for j, (seq, _) in enumerate(batch)
