@@ -173,7 +173,8 @@ def test_adapters_that_do_not_fit_are_refused_by_name(tiny, tmp_path):
 @pytest.fixture(scope="module")
 def server(tiny) -> Iterator[LiveServer]:
     live = LiveServer(str(tiny["base"]), "--dtype", "float32", "--kv-cache-memory", "8MiB",
-                      "--num-threads", "1", "--enable-lora", "--lora-modules",
+                      "--num-threads", "1", "--enable-lora", "--allow-runtime-lora-updating",
+                      "--lora-modules",
                       f"a={tiny['a'].lora_path}",
                       json.dumps({"name": "b", "path": tiny["b"].lora_path}))
     yield live
@@ -199,6 +200,36 @@ def test_the_server_runs_the_adapter_a_request_names(server, tiny):
     missing = httpx.post(f"{server.url}/v1/completions", timeout=60,
                          json={"model": "c", "prompt": PROMPTS[0]})
     assert missing.status_code == 404
+
+
+def test_adapters_load_and_unload_at_run_time(server, tiny):
+    """vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter: a loaded adapter serves
+    requests by its name, a bad one is a 400 that leaves the server serving, an unloaded one is
+    a 404 again."""
+    def load(name: str, path: str) -> httpx.Response:
+        return httpx.post(f"{server.url}/v1/load_lora_adapter", timeout=60,
+                          json={"lora_name": name, "lora_path": path})
+
+    def complete(name: str) -> httpx.Response:
+        return httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+            "model": name, "prompt": PROMPTS[0], "max_tokens": 20, "temperature": 0,
+            "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True})
+
+    assert load("c", tiny["a"].lora_path).status_code == 200
+    body = complete("c").json()
+    ids = [int(t.split(":")[1]) for t in body["choices"][0]["logprobs"]["tokens"]]
+    assert ids == tiny["expected"]["a"][0] and body["model"] == "c"
+    assert "c" in [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]]
+    assert load("c", tiny["b"].lora_path).status_code == 400  # the name is taken
+    assert load("base", tiny["b"].lora_path).status_code == 400
+    bad = load("d", str(tiny["root"]))  # no adapter_config.json there
+    assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"]
+    assert complete("a").status_code == 200
+    unload = httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "c"})
+    assert unload.status_code == 200
+    assert complete("c").status_code == 404
+    assert httpx.post(f"{server.url}/v1/unload_lora_adapter",
+                      json={"lora_name": "c"}).status_code == 404
 
 
 def test_lora_modules_need_enable_lora(tiny):

@@ -565,7 +565,7 @@ def test_drafts_take_no_block_a_request_behind_needs():
     verifies nothing this step and nobody is preempted (before, b lost its KV for a's guess)."""
     sched, bm = make_sched(num_blocks=4, budget=100)
     a = _decoding(sched, "a", 2 * BS - 2)  # 2 blocks; its next decode token fits, drafts not
-    b = _decoding(sched, "b", BS)  # 1 block, full: its decode token needs a new one
+    _decoding(sched, "b", BS)  # 1 block, full: its decode token needs a new one
     assert bm.num_free_blocks == 1
     a.spec_token_ids = [1, 2, 3]
     out = sched.schedule()

@@ -206,6 +206,9 @@ BAD_REQUESTS = [
     pytest.param(CHAT, chat(priority=True), JSON, 400, id="priority-a-boolean"),
     pytest.param("/v1/responses", {"model": NAME, "input": "Hi", "priority": 2}, JSON, 400,
                  id="responses-priority-without-the-policy"),
+    # Served only with --allow-runtime-lora-updating.
+    pytest.param("/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "/tmp"}, JSON, 404,
+                 id="runtime-lora-loading-off"),
     pytest.param(CMPL, b'{"prompt": "Hello", ', JSON, 400, id="invalid-json"),
     pytest.param(CMPL, b"", JSON, 400, id="empty-body"),
     pytest.param(CMPL, [1, 2, 3], JSON, 400, id="body-not-an-object"),

@@ -34,10 +34,12 @@ from specserve.server.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
+    LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
     TokenizeRequest,
     TokenizeResponse,
+    UnloadLoRAAdapterRequest,
 )
 from specserve.server.responses import ResponsesRequest
 from specserve.server.serving import OpenAIServing
@@ -138,6 +140,22 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> Response:
     return await _state(request).serving.detokenize(body)
 
 
+# vLLM's runtime adapter endpoints, served only with --allow-runtime-lora-updating (vLLM: its
+# VLLM_ALLOW_RUNTIME_LORA_UPDATING): whoever may call them decides what code paths the server
+# reads weights from.
+lora_router = APIRouter()
+
+
+@lora_router.post("/v1/load_lora_adapter", dependencies=_json_body)
+async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> Response:
+    return await _state(request).serving.load_lora(body)
+
+
+@lora_router.post("/v1/unload_lora_adapter", dependencies=_json_body)
+async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) -> Response:
+    return await _state(request).serving.unload_lora(body)
+
+
 class ApiKeyMiddleware:
     """Bearer-token check on /v1 routes and the tokenizer endpoints, before the body is even
     read (so a bad key is a 401 whatever else is wrong). /health, /stats and /metrics stay open
@@ -205,7 +223,8 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
               max_request_bytes: int = 64 << 20,
               tool_call_parser: str | None = None,
               reasoning_parser: str | None = None,
-              loras: dict[str, LoRARequest] | None = None) -> FastAPI:
+              loras: dict[str, LoRARequest] | None = None,
+              runtime_lora_updating: bool = False) -> FastAPI:
     """The FastAPI app around a loaded engine. The engine thread starts with the app's lifespan
     and stops with it, aborting whatever is still running. loras: adapters served by name
     beside the base model, each loaded into the engine here."""
@@ -247,6 +266,8 @@ def build_app(engine: LLMEngine, *, served_model_name: str | None = None,
         app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
                            allow_headers=["*"])
     app.include_router(router)
+    if runtime_lora_updating:
+        app.include_router(lora_router)
     return app
 
 
@@ -275,7 +296,8 @@ def run_server(args: argparse.Namespace) -> None:
                         allowed_origins=args.allowed_origins,
                         max_request_bytes=args.max_request_bytes,
                         tool_call_parser=args.tool_call_parser if args.enable_auto_tool_choice
-                        else None, reasoning_parser=args.reasoning_parser, loras=loras)
+                        else None, reasoning_parser=args.reasoning_parser, loras=loras,
+                        runtime_lora_updating=args.allow_runtime_lora_updating)
     except ValueError as exc:  # an adapter that does not load or fit
         sys.exit(f"specserve: error: {exc}")
     # uvicorn cancels the responses still open when its graceful timeout runs out (a cut

@@ -59,6 +59,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="LoRA adapters to serve beside the base model (with --enable-lora): a "
                         "request whose model is NAME runs the PEFT adapter in directory PATH "
                         '(or JSON {"name": ..., "path": ...}, as vLLM takes them)')
+    p.add_argument("--allow-runtime-lora-updating", action="store_true",
+                   help="serve vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                        "(with --enable-lora; behind --api-key like /v1)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
@@ -69,6 +72,8 @@ def check_tool_flags(args: argparse.Namespace) -> None:
     names = [name for name, _ in args.lora_modules or ()]
     if names and not args.enable_lora:
         raise SystemExit("--lora-modules needs --enable-lora")
+    if args.allow_runtime_lora_updating and not args.enable_lora:
+        raise SystemExit("--allow-runtime-lora-updating needs --enable-lora")
     if len(set(names)) != len(names):
         raise SystemExit("--lora-modules names each adapter once")
     if args.enable_auto_tool_choice and args.tool_call_parser is None:

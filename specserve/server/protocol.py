@@ -762,6 +762,18 @@ class TokenizeResponse(BaseModel):
     token_strs: list[str] | None = None
 
 
+class LoadLoRAAdapterRequest(OpenAIModel):
+    """vLLM's runtime adapter loading (--allow-runtime-lora-updating)."""
+
+    lora_name: Annotated[StrictStr, Field(min_length=1)]
+    lora_path: Annotated[StrictStr, Field(min_length=1)]
+
+
+class UnloadLoRAAdapterRequest(OpenAIModel):
+    lora_name: Annotated[StrictStr, Field(min_length=1)]
+    lora_int_id: StrictInt | None = None  # vLLM's; the name decides
+
+
 class DetokenizeRequest(OpenAIModel):
     model: StrictStr | None = None
     tokens: Annotated[list[TokenId], Field(max_length=1 << 20)]

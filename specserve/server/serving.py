@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
 from specserve.engine.detokenizer import decode, token_bytes
@@ -55,6 +55,7 @@ from specserve.server.protocol import (
     DetokenizeRequest,
     DetokenizeResponse,
     FunctionCall,
+    LoadLoRAAdapterRequest,
     PromptLogprob,
     PromptLogprobs,
     PromptTokensDetails,
@@ -63,6 +64,7 @@ from specserve.server.protocol import (
     TokenLogprob,
     ToolCall,
     TopLogprob,
+    UnloadLoRAAdapterRequest,
     UsageInfo,
 )
 from specserve.server.reasoning import REASONING_PARSERS
@@ -350,6 +352,28 @@ class OpenAIServing:
             raise APIError(404, f"The model `{model}` does not exist.", param="model",
                            code="model_not_found")
         return None
+
+    # ---- vLLM's runtime LoRA endpoints (api_server.lora_router) --------------------------------
+    async def load_lora(self, req: LoadLoRAAdapterRequest) -> Response:
+        name = req.lora_name
+        if name in self.loras or name in self._names:
+            raise APIError(400, f"The lora adapter '{name}' has already been loaded.",
+                           param="lora_name")
+        lora = LoRARequest(name, max((r.lora_int_id for r in self.loras.values()), default=0)
+                           + 1, req.lora_path)
+        with _refused_as_400():  # read on a worker thread: the streams go on meanwhile
+            await asyncio.to_thread(self.engine.engine.add_lora, lora)
+        self.loras[name] = lora
+        return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora(self, req: UnloadLoRAAdapterRequest) -> Response:
+        lora = self.loras.pop(req.lora_name, None)
+        if lora is None:
+            raise APIError(404, f"The lora adapter '{req.lora_name}' cannot be found.",
+                           param="lora_name", code="model_not_found")
+        self.engine.engine.remove_lora(lora.lora_int_id)  # running requests keep their weights
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed "
+                                 "successfully.")
 
     def _check_priority(self, priority: int) -> None:
         """Before any work: a priority an fcfs server would silently ignore is a 400."""
