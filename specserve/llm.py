@@ -70,13 +70,18 @@ class LLM:
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError("need one SamplingParams per prompt, or a single one")
-        priority = [0] * len(prompts) if priority is None else priority
-        if not isinstance(priority, Sequence) or len(priority) != len(prompts):
+        try:
+            priority = [0] * len(prompts) if priority is None else list(priority)
+        except TypeError:
+            raise ValueError("priority: one integer per prompt") from None
+        if len(priority) != len(prompts):
             raise ValueError("need one priority per prompt")
-        loras = (list(lora_request) if isinstance(lora_request, Sequence)
+        loras = (list(lora_request) if isinstance(lora_request, (list, tuple))
                  else [lora_request] * len(prompts))
         if len(loras) != len(prompts):
             raise ValueError("need one lora_request per prompt, or a single one")
+        if bad := [x for x in loras if x is not None and not isinstance(x, LoRARequest)]:
+            raise ValueError(f"lora_request must be a LoRARequest, not {bad[0]!r}")
         params = [_salted(p, sp) for p, sp in zip(prompts, params, strict=True)]
         prompts = [_prompt_input(p) for p in prompts]
         for sp in params:  # refuse bad input before anything is queued

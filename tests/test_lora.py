@@ -67,8 +67,8 @@ def tiny(tmp_path_factory) -> dict:
 
 
 def engine(tiny: dict, **kwargs) -> LLM:
-    return LLM(str(tiny["base"]), dtype="float32", kv_cache_memory=8 << 20, enable_lora=True,
-               **kwargs)
+    return LLM(str(tiny["base"]), **{"dtype": "float32", "kv_cache_memory": 8 << 20,
+                                     "enable_lora": True, **kwargs})
 
 
 def tokens(outs) -> list[list[int]]:
@@ -83,6 +83,89 @@ def test_adapters_and_the_base_model_in_one_batch_give_pefts_tokens(tiny):
     assert got[3:6] == tiny["expected"][None]
     assert got[6:] == tiny["expected"]["b"]
     assert got[:3] != got[3:6] and got[6:] != got[3:6]  # each adapter changes the output
+
+
+def test_requests_of_one_adapter_apart_in_the_batch(tiny):
+    """Interleaved, each adapter's rows are several ranges of the flat batch: gathered and
+    scattered back (LoRABatch's index path), not one slice."""
+    loras = [tiny["a"], None, tiny["b"]] * 3
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    got = tokens(engine(tiny).generate(prompts, GREEDY, lora_request=loras))
+    for k, (p, lora) in enumerate(zip(prompts, loras, strict=True)):
+        name = None if lora is None else lora.lora_name
+        assert got[k] == tiny["expected"][name][PROMPTS.index(p)]
+
+
+def test_lora_batch_adds_each_rows_own_update():
+    """LoRABatch against a row-by-row reference: slices, gathered rows, rows of no adapter."""
+    from specserve.lora.adapter import LoRAAdapter, LoRALinear
+    from specserve.lora.batch import LoRABatch
+
+    torch.manual_seed(0)
+
+    def adapter(i: int) -> LoRAAdapter:
+        update = LoRALinear(torch.randn(3, 8), torch.randn(5, 3))
+        return LoRAAdapter(LoRARequest(f"x{i}", i, "/x"), 3, [{"o_proj": update}], 0)
+
+    a, b = adapter(1), adapter(2)
+    spans = [(a, 0, 2), (None, 2, 3), (b, 3, 4), (a, 4, 7), (b, 7, 7), (None, 7, 9)]
+    batch = LoRABatch.build(spans, 9, torch.device("cpu"))
+    x, y = torch.randn(9, 8), torch.randn(9, 5)
+    expected = y.clone()
+    for adapter_, start, end in spans:
+        if adapter_ is not None:
+            u = adapter_.layers[0]["o_proj"]
+            expected[start:end] += x[start:end] @ u.a.T @ u.b.T
+    torch.testing.assert_close(batch.add(y.clone(), x, 0, "o_proj"), expected)
+    assert torch.equal(batch.add(y.clone(), x, 0, "qkv_proj"), y)  # no update for that linear
+    assert LoRABatch.build([(None, 0, 9)], 9, torch.device("cpu")) is None
+
+
+def test_rslora_rank_pattern_and_qwen2_give_pefts_tokens(tiny, tmp_path):
+    """rsLoRA's alpha / sqrt(r), a rank per module, and Qwen2 (q/k/v biases the update
+    leaves alone)."""
+    out = tmp_path / "rs"
+    model = make_adapter(tiny["base"], out, 4, ALL, r=4, use_rslora=True,
+                         rank_pattern={"q_proj": 2, "down_proj": 1})
+    got = tokens(engine(tiny).generate(PROMPTS, GREEDY,
+                                       lora_request=LoRARequest("rs", 9, str(out))))
+    assert got == [hf_greedy(model, p) for p in PROMPTS]
+    qwen = make_tiny_model(tmp_path / "qwen", arch="qwen2", seed=5)
+    model = make_adapter(qwen, tmp_path / "qwen-lora", 6, ALL, r=4)
+    llm = LLM(str(qwen), dtype="float32", kv_cache_memory=8 << 20, enable_lora=True)
+    got = tokens(llm.generate(PROMPTS, GREEDY,
+                              lora_request=LoRARequest("q", 1, str(tmp_path / "qwen-lora"))))
+    assert got == [hf_greedy(model, p) for p in PROMPTS]
+
+
+def test_chunked_prefill_and_preemption_keep_the_adapter(tiny):
+    """8-token prefill chunks and a pool of 6 blocks for three 48-token sequences: requests are
+    prefilled in pieces and preempted, and each still gets its adapter's tokens."""
+    llm = engine(tiny, long_prefill_token_threshold=8, kv_cache_memory=6 * 16 * 512,
+                 enable_prefix_caching=False)
+    assert llm.engine.block_manager.num_blocks == 6
+    loras = [tiny["a"], tiny["b"], tiny["a"]]
+    prompts = [PROMPTS[2], PROMPTS[2], PROMPTS[1]]
+    got = tokens(llm.generate(prompts, GREEDY, lora_request=loras))
+    assert llm.get_stats()["num_preemptions"] > 0
+    assert got == [tiny["expected"]["a"][2], tiny["expected"]["b"][2], tiny["expected"]["a"][1]]
+
+
+@pytest.mark.parametrize("quantization", [None, "int8", "int4"])
+def test_a_zero_update_leaves_any_base_unchanged(tiny, tmp_path, quantization):
+    """PEFT's default initialisation (B = 0) changes nothing: a step with adapter rows runs
+    the layers in Python, not the C++ layer loop, and must give the base engine's tokens, bf16
+    and quantized alike."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny["base"], dtype=torch.float32)
+    peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=ALL)).save_pretrained(
+        tmp_path / "zero")
+    llm = LLM(str(tiny["base"]), dtype="bfloat16", kv_cache_memory=8 << 20, enable_lora=True,
+              quantization=quantization)
+    base = tokens(llm.generate(PROMPTS, GREEDY))
+    zero = LoRARequest("zero", 1, str(tmp_path / "zero"))
+    assert tokens(llm.generate(PROMPTS, GREEDY, lora_request=zero)) == base
 
 
 @pytest.mark.parametrize("spec", [{"method": "ngram", "num_speculative_tokens": 3},
@@ -158,6 +241,21 @@ def test_adapters_that_do_not_fit_are_refused_by_name(tiny, tmp_path):
                      lora_request=LoRARequest("s", 6, str(tmp_path / "saved")))
     with pytest.raises(ValueError, match="no adapter_config.json"):
         llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("n", 7, str(tmp_path)))
+    make_adapter(tiny["base"], tmp_path / "ga", 1, ["q_proj"], r=2)
+    _write_config(tmp_path / "ga", init_lora_weights="lora_ga")
+    with pytest.raises(ValueError, match="changes the base weights"):
+        llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("g", 8, str(tmp_path / "ga")))
+    weights = tmp_path / "saved" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    _write_config(tmp_path / "saved", modules_to_save=None)
+    with pytest.raises(ValueError, match="cannot read adapter_model.safetensors"):
+        llm.generate(PROMPTS[:1], GREEDY,
+                     lora_request=LoRARequest("t", 9, str(tmp_path / "saved")))
+    with pytest.raises(ValueError, match="must be a LoRARequest"):
+        llm.generate(PROMPTS[:1], GREEDY, lora_request="b")
+    with pytest.raises(ValueError, match="maximum context"):  # refused before it loads
+        llm.generate([[5] * 300], GREEDY, lora_request=LoRARequest("l", 10, tiny["a"].lora_path))
+    assert 10 not in llm.engine.list_loras()
     llm.generate(PROMPTS[:1], GREEDY, lora_request=tiny["b"])
     with pytest.raises(ValueError, match="already"):
         llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("b2", 2, tiny["a"].lora_path))
@@ -173,7 +271,9 @@ def test_adapters_that_do_not_fit_are_refused_by_name(tiny, tmp_path):
 @pytest.fixture(scope="module")
 def server(tiny) -> Iterator[LiveServer]:
     live = LiveServer(str(tiny["base"]), "--dtype", "float32", "--kv-cache-memory", "8MiB",
-                      "--num-threads", "1", "--enable-lora", "--allow-runtime-lora-updating",
+                      "--num-threads", "1", "--chat-template",
+                      "{% for m in messages %}{{ m['content'] }} {% endfor %}",
+                      "--enable-lora", "--allow-runtime-lora-updating",
                       "--lora-modules",
                       f"a={tiny['a'].lora_path}",
                       json.dumps({"name": "b", "path": tiny["b"].lora_path}))
@@ -200,6 +300,30 @@ def test_the_server_runs_the_adapter_a_request_names(server, tiny):
     missing = httpx.post(f"{server.url}/v1/completions", timeout=60,
                          json={"model": "c", "prompt": PROMPTS[0]})
     assert missing.status_code == 404
+
+
+def test_chat_and_responses_run_the_named_adapter(server, tiny):
+    """The template renders "w5 w9 w13 w2 w40 " as PROMPTS[0]'s tokens; chat and the Responses
+    API route by model as completions do."""
+    text = " ".join(f"w{t}" for t in PROMPTS[0])
+    replies = {}
+    for name in ("a", "base"):
+        chat = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+            "model": name, "messages": [{"role": "user", "content": text}], "max_tokens": 8,
+            "temperature": 0, "ignore_eos": True})
+        assert chat.status_code == 200 and chat.json()["model"] == name
+        replies[name] = chat.json()["choices"][0]["message"]["content"]
+        resp = httpx.post(f"{server.url}/v1/responses", timeout=60, json={
+            "model": name, "input": text, "max_output_tokens": 8, "temperature": 0})
+        assert resp.status_code == 200 and resp.json()["model"] == name
+    assert replies["a"] != replies["base"]
+    streamed = httpx.post(f"{server.url}/v1/chat/completions", timeout=60, json={
+        "model": "a", "messages": [{"role": "user", "content": text}], "max_tokens": 8,
+        "temperature": 0, "ignore_eos": True, "stream": True})
+    chunks = [json.loads(line[6:]) for line in streamed.text.splitlines()
+              if line.startswith("data: {")]
+    assert {c["model"] for c in chunks} == {"a"}
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == replies["a"]
 
 
 def test_adapters_load_and_unload_at_run_time(server, tiny):
@@ -232,8 +356,16 @@ def test_adapters_load_and_unload_at_run_time(server, tiny):
                       json={"lora_name": "c"}).status_code == 404
 
 
-def test_lora_modules_need_enable_lora(tiny):
+@pytest.mark.parametrize(("flags", "error"), [
+    (["--lora-modules", "a=A"], "--lora-modules needs --enable-lora"),
+    (["--enable-lora", "--lora-modules", "base=A"], "is the base model's name"),
+    (["--enable-lora", "--lora-modules", "a=ROOT"], "no adapter_config.json"),
+], ids=["without-enable-lora", "the-base-name", "not-an-adapter"])
+def test_a_server_with_adapters_it_cannot_serve_does_not_start(tiny, flags, error):
+    flags = [f.replace("A", tiny["a"].lora_path) if f.endswith("=A") else
+             f.replace("ROOT", str(tiny["root"])) for f in flags]
     run = subprocess.run([sys.executable, "-m", "specserve.server.api_server",
-                          str(tiny["base"]), "--lora-modules", f"a={tiny['a'].lora_path}"],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode != 0 and "--lora-modules needs --enable-lora" in run.stderr
+                          str(tiny["base"]), "--dtype", "float32", "--kv-cache-memory", "8MiB",
+                          "--port", "0", *flags], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and error in run.stderr
+    assert "Traceback" not in run.stderr

@@ -279,7 +279,6 @@ class LLMEngine:
         if priority and not self.scheduler.by_priority:
             raise ValueError(f"priority {priority} needs priority scheduling: start the engine "
                              "with scheduling_policy='priority' (--scheduling-policy priority)")
-        adapter = self.add_lora(lora_request) if lora_request is not None else None
         if params.n != 1:
             raise ValueError(f"the engine runs one sequence per request (n={params.n}): "
                              "LLM.generate and the server fan n out, one request per choice")
@@ -310,6 +309,8 @@ class LLMEngine:
             self._next_id += 1
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        # Last of the checks: a request refused for anything else loads no adapter.
+        adapter = self.add_lora(lora_request) if lora_request is not None else None
         req = Request(request_id, token_ids, params, self.model_config.eos_token_ids,
                       prompt_text, self.max_model_len)
         if arrival_time is not None:

@@ -27,15 +27,17 @@ from specserve.lora.request import LoRARequest
 _TARGETS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
             "o_proj": ("o_proj", 0), "gate_proj": ("gate_up_proj", 0),
             "up_proj": ("gate_up_proj", 1), "down_proj": ("down_proj", 0)}
-_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+# PEFT saves without the adapter's name; other tools keep it (`lora_A.default.weight`).
+_KEY = re.compile(
+    r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$")
 # adapter_config.json entries that change what the weights mean; an adapter that sets them to
 # anything but these would be applied wrongly, so it is refused by name.
 _PLAIN = {"use_dora": (False, None), "fan_in_fan_out": (False, None), "bias": ("none", None),
           "modules_to_save": (None, []), "alpha_pattern": ({}, None),
           "layer_replication": (None, []), "lora_bias": (False, None),
           "alora_invocation_tokens": (None, []), "target_parameters": (None, []),
-          "use_qalora": (False, None), "use_bdlora": (None, False)}
-_BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq")
+          "use_qalora": (False, None), "use_bdlora": (None, False), "arrow_config": (None,)}
+_BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
 
 
 @dataclass(slots=True)
@@ -72,7 +74,7 @@ def load_adapter(request: LoRARequest, cfg: ModelConfig, max_rank: int, dtype: t
                  device: torch.device | str = "cpu") -> LoRAAdapter:
     """Read and check a PEFT LoRA directory for this model. Raises ValueError naming what does
     not fit (another model's shapes, a rank over max_rank, a kind of update not applied here)."""
-    path = Path(request.lora_path)
+    path = Path(request.lora_path).expanduser()
     conf = _read_config(path)
     pieces: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in _read_tensors(path).items():
@@ -84,7 +86,11 @@ def load_adapter(request: LoRARequest, cfg: ModelConfig, max_rank: int, dtype: t
         if layer >= cfg.num_layers:
             raise ValueError(f"LoRA adapter {path}: {key} is for layer {layer}, but the model "
                              f"has {cfg.num_layers} layers")
-        pieces.setdefault((layer, m.group(2)), {})[m.group(3)] = tensor
+        piece = pieces.setdefault((layer, m.group(2)), {})
+        if m.group(3) in piece:
+            raise ValueError(f"LoRA adapter {path}: two lora_{m.group(3)} weights for "
+                             f"layers.{layer}.{m.group(2)} (several adapters in one file?)")
+        piece[m.group(3)] = tensor
     if not pieces:
         raise ValueError(f"LoRA adapter {path} holds no LoRA weights")
     shapes = fused_shapes(cfg)
@@ -155,8 +161,17 @@ def _read_config(path: Path) -> dict:
 
 
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    if (path / "adapter_model.safetensors").is_file():
-        return load_file(path / "adapter_model.safetensors")
-    if (path / "adapter_model.bin").is_file():
-        return torch.load(path / "adapter_model.bin", map_location="cpu", weights_only=True)
+    """The adapter's tensors; a file that does not read (truncated, not a weights file) is a
+    ValueError like any other unfit adapter, so the server refuses it cleanly."""
+    for name, read in (("adapter_model.safetensors", load_file),
+                       ("adapter_model.bin", lambda f: torch.load(f, map_location="cpu",
+                                                                  weights_only=True))):
+        if (path / name).is_file():
+            try:
+                tensors = read(path / name)
+            except Exception as exc:  # safetensors, unpickling and OS errors alike
+                raise ValueError(f"LoRA adapter {path}: cannot read {name} ({exc})") from None
+            if not isinstance(tensors, dict):
+                raise ValueError(f"LoRA adapter {path}: {name} holds no tensors by name")
+            return tensors
     raise ValueError(f"LoRA adapter {path}: no adapter_model.safetensors (or .bin)")
