@@ -279,14 +279,20 @@ def test_online_against_a_live_server(server, tmp_path, capsys):
           "--num-prompts", "4", "--max-tokens", "4", "--ignore-eos", "--out", str(out),
           "--compare-offline", "--repeats", "2", *TINY_ENGINE])
     assert "online/offline" in capsys.readouterr().out
-    (point,) = json.loads(out.read_text())["points"]
+    data = json.loads(out.read_text())
+    (point,) = data["points"]
+    # The JSON says what ran: the client's flags and the in-process side's sampling.
+    assert data["settings"]["max_tokens"] == 4 and data["settings"]["ignore_eos"] is True
+    assert data["settings"]["num_prompts"] == 4 and "api_key" not in data["settings"]
+    assert data["offline_sampling_params"]["ignore_eos"] is True
     # Two runs a side, alternating; the median (lower middle) run of each is the one shown.
     assert len(point["online_tok_s_runs"]) == len(point["offline_tok_s_runs"]) == 2
     assert point["online"]["output_tok_s"] == min(point["online_tok_s_runs"])
-    # The comparison pairs each round's runs: the median of the two per-round ratios.
+    # The comparison pairs each round's runs: the median (lower middle) of the two per-round
+    # ratios, bench's one median rule.
     ratios = [a / b for a, b in zip(point["online_tok_s_runs"], point["offline_tok_s_runs"],
                                     strict=True)]
-    assert point["online_offline_ratio"]["median"] == pytest.approx(sum(ratios) / 2)
+    assert point["online_offline_ratio"]["median"] == pytest.approx(min(ratios))
     assert point["online_offline_ratio"]["rounds"] == 2
     online, offline = point["online"], point["offline"]
     assert online["num_requests"] == 4 and online["model"] == "SmolLM2-135M-Instruct"
@@ -626,7 +632,7 @@ class FakeHF:
         return torch.cat([ids, torch.full((ids.shape[0], max_new_tokens), 5)], dim=1)
 
 
-def _baselines_lab(monkeypatch, device: str):
+def _baselines_lab(monkeypatch, device: str, num_threads: int | None = None):
     from specserve.bench import baselines
     from specserve.bench.lab import LabRun
 
@@ -644,7 +650,7 @@ def _baselines_lab(monkeypatch, device: str):
                  eos_token_ids=(1,))
     preset = Preset("t", ("prose",), (2,), num_prompts_override=2)
     done = []
-    baselines.run_baselines(lab, preset, None, torch.float32, None, 0,
+    baselines.run_baselines(lab, preset, None, torch.float32, num_threads, 0,
                             lambda desc, n: done.append(n), device=device)
     assert sum(done) == baselines.num_baseline_points(preset)  # the progress bar's total
     return lab, hf, llama, loaded
@@ -739,3 +745,270 @@ def test_speculation_table_shows_k_shares_step_prices_and_the_spread_over_reques
     console.print(speculation_table([("ngram", "json", 4, run)], "decisions"))
     text = console.export_text()
     assert "0:75 4:25" in text and "9.50/10.25" in text and "(3)" in text
+
+
+# ---- benchmark honesty: both sides of a comparison run the same thing ---------------------------
+CHAT = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+
+
+def test_compare_offline_samples_each_request_as_the_server_does(tmp_path):
+    """The in-process side of --compare-offline samples what a specserve server samples for
+    the client's body: the model's generation_config.json under the body's own fields (here a
+    repetition penalty and top-k the body never sends) and max_tokens capped at its
+    max_new_tokens. It decoded with a bare SamplingParams: no penalty, no cap."""
+    from tiny_models import make_tiny_model
+
+    from specserve import LLM
+    from specserve.bench.online import offline_workload, request_body
+    from specserve.server.protocol import ChatCompletionRequest
+
+    path = make_tiny_model(tmp_path / "m")
+    cfg = json.loads((path / "generation_config.json").read_text())
+    cfg |= {"temperature": 0.7, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05,
+            "max_new_tokens": 3}
+    (path / "generation_config.json").write_text(json.dumps(cfg))
+    engine = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20,
+                 chat_template=CHAT).engine
+    items = [WorkloadItem("a", [{"role": "user", "content": "w5 w6 w7"}], 8),
+             WorkloadItem("b", [{"role": "user", "content": "w9"}], 2)]
+    for cap, ignore_eos in ((None, False), (6, True)):
+        wl = offline_workload(engine, "t", items, cap)
+        for i, item in enumerate(items):
+            body = request_body(item, "m", cap, ignore_eos)
+            req = ChatCompletionRequest.model_validate(body)
+            # serving.py's _capped: the model's max_new_tokens caps the body's max_tokens
+            server = req.to_sampling_params(min(3, req.output_limit), None,
+                                            engine.default_sampling_params())
+            assert wl.params(i, ignore_eos) == server
+    assert (server.temperature, server.repetition_penalty, server.top_k) == (0.0, 1.05, 20)
+    assert [wl.params(i).max_tokens for i in range(2)] == [3, 2]
+
+
+def test_compare_offline_warms_up_on_the_online_warm_ups_prompt(llm):
+    """Both sides start their first timed run with the first prompt (rag: the document) in the
+    prefix cache: the server after the client's warm-up request, the engine after
+    warm_up_offline. Without it, only the in-process side prefilled it cold."""
+    from specserve.bench.online import offline_workload, warm_up_offline
+
+    engine = llm.engine
+    wl = offline_workload(engine, "json", load_workload("json")[:2], 4)
+    engine.reset_prefix_cache()
+    warm_up_offline(engine, wl)
+    run = run_workload(engine, wl, 1, 1, reset_prefix_cache=False)
+    bs = engine.block_manager.block_size
+    assert len(wl.prompts[0]) > bs and run["prefix_cache_hits"] >= bs
+
+
+def _fake_server(deltas: list[dict], completion_tokens: int):
+    """An OpenAI-compatible chat endpoint streaming the given deltas, then usage; it records
+    every request body."""
+    from aiohttp import web
+
+    bodies: list[dict] = []
+
+    async def chat(request):
+        bodies.append(await request.json())
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        events = [{"choices": [{"index": 0, "delta": d}]} for d in deltas]
+        events.append({"choices": [], "usage": {"prompt_tokens": 3,
+                                                "completion_tokens": completion_tokens}})
+        for event in events:
+            await resp.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app, bodies
+
+
+def _run_against(app, items, num_prompts: int) -> dict:
+    from aiohttp.test_utils import TestServer
+
+    from specserve.bench.online import run_online_point
+
+    async def go():
+        async with TestServer(app) as server:
+            return await run_online_point(str(server.make_url("")).rstrip("/"), items, 1,
+                                          num_prompts, model="m")
+
+    return asyncio.run(go())
+
+
+def test_online_times_reasoning_and_tool_call_chunks_as_tokens():
+    """usage counts a reasoning model's thinking and a tool call's arguments: their chunks
+    time TTFT and TPOT too (vLLM's benchmark_serving). Counting only `content`, a reply of
+    nothing else had no first token (TTFT = the whole request) and no TPOT."""
+    from specserve.bench.online import carries_tokens
+
+    assert carries_tokens({"reasoning_content": "hm"}) and carries_tokens({"reasoning": "hm"})
+    assert carries_tokens({"tool_calls": [{"index": 0}]}) and carries_tokens({"content": "x"})
+    assert not carries_tokens({"role": "assistant"}) and not carries_tokens({"content": ""})
+    app, _ = _fake_server([{"role": "assistant"}, {"reasoning_content": "let me"},
+                           {"reasoning_content": " think"},
+                           {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}], 4)
+    items = [WorkloadItem("x", [{"role": "user", "content": "hi"}], 4)]
+    point = _run_against(app, items, 2)
+    assert [r["output_tokens"] for r in point["requests"]] == [4, 4]
+    assert all(r["tpot_s"] is not None for r in point["requests"])
+
+
+def test_online_compiles_every_grammar_before_the_clock_starts():
+    """The in-process side compiles every schema in prepare_workload; the server compiled each
+    on first use, inside the timed run, except the warm-up item's. Now one 1-token request per
+    distinct schema precedes the timed requests, on a prompt that is not the workload's."""
+    schemas = [{"json": {"type": "object", "properties": {k: {"type": "string"}}}}
+               for k in ("a", "b", "c")]
+    items = [WorkloadItem(str(i), [{"role": "user", "content": f"item {i}"}], 4, so)
+             for i, so in enumerate([schemas[0], schemas[1], schemas[0], schemas[2]])]
+    app, bodies = _fake_server([{"content": "{}"}], 1)
+    _run_against(app, items, 2)
+    warm, timed = bodies[:-2], bodies[-2:]
+    assert [b["messages"] for b in timed] == [items[0].messages, items[1].messages]
+    assert warm[0]["messages"] == items[0].messages  # the warm-up proper: the first prompt
+    grammar = warm[1:]
+    assert sorted(json.dumps(b["structured_outputs"]) for b in grammar) == sorted(
+        json.dumps(s) for s in schemas)
+    assert all(b["max_tokens"] == 1 for b in grammar)
+    assert not any(b["messages"] == item.messages for b in grammar for item in items)
+
+
+class _FakeLlamaModule:
+    """llama_cpp with a Llama that records its constructor's arguments."""
+
+    def __init__(self):
+        self.kwargs: list[dict] = []
+        module = self
+
+        class Llama:
+            def __init__(self, **kw):
+                module.kwargs.append(kw)
+
+        self.Llama = Llama
+
+
+def test_llama_cpp_gets_the_engines_threads_for_decode_and_prefill(monkeypatch):
+    """llama-cpp-python defaults n_threads_batch (prefill) to every CPU, and n_threads was
+    os.cpu_count(): both now the engines' count, --num-threads or torch's default."""
+    import sys
+
+    from specserve.bench.baselines import load_llama_cpp
+
+    fake = _FakeLlamaModule()
+    monkeypatch.setitem(sys.modules, "llama_cpp", fake)
+    load_llama_cpp("m.gguf", 3, 0)
+    load_llama_cpp("m.gguf", None, 0)
+    assert [(k["n_threads"], k["n_threads_batch"]) for k in fake.kwargs] == [
+        (3, 3), (torch.get_num_threads(), torch.get_num_threads())]
+
+
+def test_hf_baselines_run_on_the_engines_thread_count(monkeypatch):
+    """HF generate runs in the parent, which --num-threads never reached (only the engines'
+    children set it): it now runs on that count, recorded in its rows, and the parent's count
+    is restored afterwards."""
+    before = torch.get_num_threads()
+    threads = before + 1
+    seen: list[int] = []
+    generate = FakeHF.generate
+
+    def recording(self, *args, **kw):
+        seen.append(torch.get_num_threads())
+        return generate(self, *args, **kw)
+
+    monkeypatch.setattr(FakeHF, "generate", recording)
+    lab, *_ = _baselines_lab(monkeypatch, "cpu", num_threads=threads)
+    assert seen and set(seen) == {threads}
+    assert torch.get_num_threads() == before
+    assert [s["num_threads"] for s in lab.strategies] == [threads] * 3
+
+
+def test_offline_prompts_stay_distinct_past_the_prose_texts(llm):
+    """Above 70 prompts (prose's texts), prompt i + 70 was prompt i: with prefix caching on, a
+    wave of 128 skipped ~45% of its prefill, while HF prefilled everything. No two prompts may
+    share even their first block."""
+    from specserve.bench.offline import make_prompts
+
+    prompts = make_prompts(llm.get_tokenizer(), 150, 40)
+    bs = llm.engine.block_manager.block_size
+    assert all(len(p) == 40 for p in prompts)
+    assert len({tuple(p[:bs]) for p in prompts}) == 150
+
+
+def test_offline_tpot_divides_by_the_tokens_each_request_generated():
+    """A request cut short (by max_model_len) generated 3 tokens of the 10 asked for: its TPOT
+    is its decode time over 2 intervals, not over 9."""
+    from types import SimpleNamespace
+
+    from specserve.bench.offline import bench_engine
+
+    def out(n: int, decode_s: float):
+        metrics = SimpleNamespace(ttft=0.01, first_token_time=1.0, finished_time=1.0 + decode_s)
+        return SimpleNamespace(metrics=metrics, outputs=[SimpleNamespace(token_ids=[7] * n)])
+
+    llm = SimpleNamespace(generate=lambda prompts, params: [out(3, 0.2), out(10, 0.9)])
+    r = bench_engine(llm, [[1], [2]], output_len=10)
+    assert r.tpot_p50_ms == pytest.approx((100 + 100) / 2)  # 0.2 s / 2 and 0.9 s / 9
+
+
+def test_every_median_over_repetitions_is_the_lower_middle():
+    """One rule: the lower middle of an even count (sweep.median_run picks that run, so the
+    summary's median is a value some run measured, the one the speculation table shows), and
+    quartiles of few rounds stay within the rounds measured."""
+    from specserve.bench.quant import _median_of
+    from specserve.bench.report import paired_ratio, summarize_runs
+    from specserve.bench.sweep import median_run
+
+    runs = [{"output_tok_s": v, "tpot_p50_ms": 100 / v} for v in (30.0, 10.0)]
+    assert summarize_runs(runs)["output_tok_s"]["median"] == 10.0
+    assert median_run(runs)["output_tok_s"] == 10.0
+    reps = [{"mode": "x", "tok_s_c1": v, "decode_tok_s_c1": v, "tok_s_batch": v}
+            for v in (30.0, 10.0)]
+    assert _median_of(reps)["tok_s_c1"] == 10.0
+    two = paired_ratio([1.0, 3.0], [1.0, 1.0])
+    assert two["median"] == 1.0 and 1.0 <= two["q1"] <= two["q3"] <= 3.0
+    four = paired_ratio([1.0, 2.0, 3.0, 4.0], [1.0] * 4)
+    assert (four["median"], four["q1"], four["q3"]) == (2.0, 1.75, 3.25)
+
+
+def test_the_sweeps_self_draft_is_labelled_untrained(tmp_path, monkeypatch):
+    """`draft` without --draft-model is the target's first 4 layers, untrained: its engine row,
+    cells, table, summary and plot say so instead of passing for a draft model."""
+    from specserve.bench import sweep
+    from specserve.bench.plots import sweep_plots
+
+    label = sweep.proposer_label
+    assert label("draft") == "draft(self-4, untrained)"
+    assert label("draft:2", "/trained") == "draft(self-2, untrained)"
+    assert label("draft", "/trained") == "draft" and label("ngram") == "ngram"
+
+    def refuse(model, kwargs):
+        raise ValueError("not built in this test")
+
+    monkeypatch.setattr(sweep, "build_llm", refuse)
+    settings = sweep.SweepSettings(proposers=("draft",), policies=("off",),
+                                   points=Preset("s", ("json",), (1,)))
+    _, engines = sweep.run_sweep(settings, {})
+    assert engines[0]["proposer"] == "draft(self-4, untrained)"
+    cells = [{"proposer": "draft(self-4, untrained)", "policy": "off", "workload": "json",
+              "concurrency": 1, "run": {"output_tok_s": 9.0, "tpot_p50_ms": 5.0}}]
+    (png,) = sweep_plots(cells, tmp_path)
+    assert png.name == "sweep_draft_self-4_untrained_json.png"
+
+
+def test_the_profile_split_adds_up_to_the_steps_it_was_measured_on(llm):
+    """matmul and attention came from profiled steps and `other` was the unprofiled steps'
+    wall minus them: the parts did not add up, and `other` could go negative. Now all three
+    come from the same steps; a GPU engine is refused (only CPU activity is recorded)."""
+    from types import SimpleNamespace
+
+    from specserve.bench.step_profile import format_profile, profile_decode_step
+
+    row = profile_decode_step(llm, 2, context=16, num_steps=2)
+    assert row["matmul_ms"] > 0 and row["overhead_ms"] >= 0
+    assert row["matmul_ms"] + row["attention_ms"] + row["overhead_ms"] == pytest.approx(
+        row["profiled_step_ms"])
+    assert "profiled" in format_profile([row])
+    gpu = SimpleNamespace(engine=SimpleNamespace(device=torch.device("cuda")))
+    with pytest.raises(ValueError, match="CPU time only"):
+        profile_decode_step(gpu, 1)

@@ -2,7 +2,8 @@
 batching, its prompt-lookup assisted generation at concurrency 1, and llama.cpp at concurrency 1
 when `llama-cpp-python` is installed. Each returns run dicts shaped like the lab's own. HF runs
 on the engines' device; llama.cpp runs on the CPU only, so it is skipped beside GPU engines.
-Each is warmed up with one untimed request first, as the engines are.
+Each is warmed up with one untimed request first, as the engines are, and computes with the
+engines' thread count (engine_threads).
 
 Static batching has no closed loop: the prompts run in waves of `concurrency`, each wave
 left-padded and decoding until its longest request is done. A wave's TTFT is measured by a
@@ -13,7 +14,6 @@ over its decode steps.
 from __future__ import annotations
 
 import importlib.util
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -112,6 +112,13 @@ def run_hf(model, workload: PreparedWorkload, concurrency: int, num_prompts: int
             "requests": [asdict(r) for r in records]}
 
 
+def engine_threads(num_threads: int | None) -> int:
+    """The threads the engines under test compute with: --num-threads, else torch's default,
+    which an LLMEngine keeps (it is the same in this process and in the lab's spawned ones).
+    A baseline on more threads than the engine would win by the thread count."""
+    return num_threads or torch.get_num_threads()
+
+
 def load_llama_cpp(model: str | None, num_threads: int | None, seed: int):
     from llama_cpp import Llama
 
@@ -120,7 +127,9 @@ def load_llama_cpp(model: str | None, num_threads: int | None, seed: int):
     path = model or embedded_model_path()
     if not path.endswith(".gguf"):
         raise ValueError("llama.cpp needs a .gguf model")
-    return Llama(model_path=path, n_ctx=4096, n_threads=num_threads or os.cpu_count(),
+    # n_threads_batch (prefill) too: llama-cpp-python defaults it to every CPU.
+    threads = engine_threads(num_threads)
+    return Llama(model_path=path, n_ctx=4096, n_threads=threads, n_threads_batch=threads,
                  seed=seed, verbose=False)
 
 
@@ -180,25 +189,16 @@ def run_baselines(lab: LabRun, preset: Preset, model: str | None, dtype: torch.d
     workloads = [wl for wl in lab.workloads.values() if not wl.structured_outputs]
     if not workloads:
         return
-    eos = lab.eos_token_ids
+    threads = engine_threads(num_threads)
     if hf_available():
         progress("hf-generate: loading", 0)
-        hf = load_hf(model, dtype, device)
-        warm_up_hf(hf, workloads[0].prompts[0], eos[0] if eos else 0)
-        weights = sum(p.nbytes for p in hf.parameters())
-        for name in ("hf-generate", "hf-prompt-lookup"):
-            lab.strategies.append({"name": name, "status": "ok", "target_weight_bytes": weights})
-        for wl in workloads:
-            for c in preset.concurrency:
-                progress(f"hf-generate · {wl.name} · c={c}", 0)
-                _add(lab, progress, "hf-generate", wl.name, c, [
-                    run_hf(hf, wl, c, preset.num_prompts(c), eos, preset.ignore_eos)
-                    for _ in range(preset.repeats)])
-            progress(f"hf-prompt-lookup · {wl.name} · c=1", 0)
-            _add(lab, progress, "hf-prompt-lookup", wl.name, 1, [
-                run_hf(hf, wl, 1, preset.num_prompts(1), eos, preset.ignore_eos, prompt_lookup=4)
-                for _ in range(preset.repeats)])
-        del hf
+        # HF runs here, in the parent, where nothing set --num-threads: the engines' count.
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            _run_hf_rows(lab, preset, model, dtype, device, workloads, threads, progress)
+        finally:
+            torch.set_num_threads(previous)
     else:
         lab.strategies.append({"name": "hf-generate", "status": "skipped",
                                "error": "needs transformers and accelerate"})
@@ -215,12 +215,34 @@ def run_baselines(lab: LabRun, preset: Preset, model: str | None, dtype: torch.d
             progress("llama.cpp: skipped", len(workloads))
             return
         warm_up_llama_cpp(llama, workloads[0].prompts[0])
-        lab.strategies.append({"name": "llama.cpp", "status": "ok"})
+        lab.strategies.append({"name": "llama.cpp", "status": "ok", "num_threads": threads})
         for wl in workloads:
             progress(f"llama.cpp · {wl.name} · c=1", 0)
             _add(lab, progress, "llama.cpp", wl.name, 1, [
                 run_llama_cpp(llama, wl, preset.num_prompts(1), preset.ignore_eos)
                 for _ in range(preset.repeats)])
+
+
+def _run_hf_rows(lab: LabRun, preset: Preset, model: str | None, dtype: torch.dtype,
+                 device: str, workloads: list[PreparedWorkload], threads: int,
+                 progress: Progress) -> None:
+    eos = lab.eos_token_ids
+    hf = load_hf(model, dtype, device)
+    warm_up_hf(hf, workloads[0].prompts[0], eos[0] if eos else 0)
+    weights = sum(p.nbytes for p in hf.parameters())
+    for name in ("hf-generate", "hf-prompt-lookup"):
+        lab.strategies.append({"name": name, "status": "ok", "target_weight_bytes": weights,
+                               "num_threads": threads})
+    for wl in workloads:
+        for c in preset.concurrency:
+            progress(f"hf-generate · {wl.name} · c={c}", 0)
+            _add(lab, progress, "hf-generate", wl.name, c, [
+                run_hf(hf, wl, c, preset.num_prompts(c), eos, preset.ignore_eos)
+                for _ in range(preset.repeats)])
+        progress(f"hf-prompt-lookup · {wl.name} · c=1", 0)
+        _add(lab, progress, "hf-prompt-lookup", wl.name, 1, [
+            run_hf(hf, wl, 1, preset.num_prompts(1), eos, preset.ignore_eos, prompt_lookup=4)
+            for _ in range(preset.repeats)])
 
 
 def _add(lab: LabRun, progress: Progress, strategy: str, workload: str, concurrency: int,

@@ -219,10 +219,11 @@ def _add_lab(bench) -> None:
     p.add_argument("--concurrency", default=None, help="e.g. 1,32 (default: the preset's)")
     p.add_argument("--repeats", type=positive_int, default=None,
                    help="repetitions: each builds every strategy again in a fresh process, in "
-                        "a rotated order; figures become median [min-max]")
+                        "a rotated order; figures become median [min-max] (of an even count "
+                        "the lower middle)")
     p.add_argument("--num-prompts", type=int, default=None,
-                   help="prompts per point (default: max(2 x concurrency, 8); never fewer "
-                        "than the concurrency)")
+                   help="prompts per point (default: max(2 x concurrency, 8), with --quick "
+                        "min(max(concurrency, 8), 16); never fewer than the concurrency)")
     p.add_argument("--max-tokens", type=int, default=None, help="cap each item's max_tokens")
     p.add_argument("--compare-hf", action="store_true",
                    help="add Hugging Face generate (static batching, and prompt lookup at "
@@ -291,8 +292,10 @@ def _add_sweep(bench) -> None:
                                        "does adaptive pick the best policy everywhere?")
     _common_engine_args(p)
     p.add_argument("--proposers", default="ngram,draft",
-                   help="ngram, draft (4-layer self-draft or --draft-model), draft:N (N layers), "
-                        "eagle (--eagle-model, or the head bench lab trained and cached)")
+                   help="ngram, draft (--draft-model, else the target's first 4 layers, "
+                        "untrained, labelled draft(self-4, untrained); bench lab's cached "
+                        "trained draft is not used), draft:N (N layers, untrained), eagle "
+                        "(--eagle-model, or the head bench lab trained and cached)")
     p.add_argument("--eagle-model", default=None,
                    help="a trained EAGLE head directory (default: the cached one, if any)")
     p.add_argument("--workloads", default="prose,json,rag")
@@ -304,7 +307,8 @@ def _add_sweep(bench) -> None:
     p.add_argument("--min-prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=32, help="cap each item's max_tokens")
     p.add_argument("--repeats", type=int, default=3,
-                   help="rounds per point, policies interleaved; cells report the median")
+                   help="rounds per point, policies interleaved; cells report the median run "
+                        "(of an even count the lower middle)")
     p.add_argument("--k-max", type=int, default=4,
                    help="K_max of the policies without their own K (all but static:K)")
     p.add_argument("--no-prefix-caching", action="store_true")
@@ -315,9 +319,16 @@ def _add_sweep(bench) -> None:
 
 # ---- online -------------------------------------------------------------------------------------
 def cmd_online(args: argparse.Namespace) -> None:
-    from specserve.bench.lab import at_least_concurrency, prepare_workload, run_workload, warm_up
+    from specserve.bench.lab import at_least_concurrency, run_workload, warm_up
     from specserve.bench.machine import describe_machine
-    from specserve.bench.online import CLIENT_ERRORS, OnlineError, run_client, run_online_point
+    from specserve.bench.online import (
+        CLIENT_ERRORS,
+        OnlineError,
+        offline_workload,
+        run_client,
+        run_online_point,
+        warm_up_offline,
+    )
     from specserve.bench.report import online_table, paired_ratio, write_json
     from specserve.bench.sweep import median_run
     from specserve.bench.workloads import load_workload
@@ -327,13 +338,17 @@ def cmd_online(args: argparse.Namespace) -> None:
     console = _console()
     console.print(f"online: {args.url} · {args.workload} · concurrency "
                   f"{', '.join(map(str, conc))} · {args.repeats} run(s) each")
-    offline = None
+    offline = offline_params = None
     if args.compare_offline:  # loaded first: its runs interleave with the online ones
         from specserve.cli import make_llm
 
         llm = make_llm(args)
         warm_up(llm.engine)
-        wl = prepare_workload(llm.engine, args.workload, items, cap=args.max_tokens)
+        # Sampled as the server samples the same bodies (generation_config.json's defaults and
+        # cap), every grammar compiled here, and warmed on the online warm-up's prompt.
+        wl = offline_workload(llm.engine, args.workload, items, args.max_tokens)
+        warm_up_offline(llm.engine, wl, args.ignore_eos)
+        offline_params = asdict(wl.params(0, args.ignore_eos))
 
         def offline(c: int, n: int) -> dict:
             # The server never empties its prefix cache between points: neither do we.
@@ -371,8 +386,13 @@ def cmd_online(args: argparse.Namespace) -> None:
     console.print(online_table(rows, f"specserve bench online — {rows[0]['online']['model']}"))
     if args.out:
         path = Path(args.out)
+        # Every flag but the key (and the in-process engine's flags), and what the in-process
+        # side sampled its first request with.
+        settings = {k: v for k, v in vars(args).items() if k != "api_key"
+                    and (v is None or isinstance(v, (str, int, float, bool, list, tuple, dict)))}
         write_json(path, {"machine": describe_machine(url=args.url, workload=args.workload),
-                          "repeats": args.repeats, "points": rows})
+                          "repeats": args.repeats, "settings": settings,
+                          "offline_sampling_params": offline_params, "points": rows})
         console.print(f"wrote {path}")
 
 
@@ -396,10 +416,13 @@ def _add_online(bench) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="per request, seconds")
     p.add_argument("--out", default=None, help="write the results to this JSON file")
     p.add_argument("--compare-offline", action="store_true",
-                   help="also run the same points in-process with the engine flags below")
+                   help="also run the same points in-process with the engine flags below, "
+                        "each request sampled as a specserve server samples it (the model's "
+                        "generation_config.json defaults and max_new_tokens cap)")
     p.add_argument("--repeats", type=positive_int, default=1,
-                   help="runs per point (online and offline alternating); the median run is "
-                        "shown, and with --compare-offline the median of per-round ratios "
+                   help="runs per point (online and offline alternating); the median run "
+                        "(of an even count the lower middle) is shown, and with "
+                        "--compare-offline the median of per-round ratios "
                         "(many short runs resolve a few %% here: e.g. --repeats 30 "
                         "--num-prompts 16)")
     add_engine_args(p)

@@ -35,6 +35,8 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
+import torch
+
 from specserve.bench.isolate import run_isolated
 from specserve.bench.offline import percentile
 from specserve.bench.workloads import (
@@ -109,13 +111,17 @@ class PreparedWorkload:
     prompts: list[list[int]]
     max_tokens: list[int]
     structured_outputs: list[dict | None] | None = None  # per item, a constrained workload's
+    # What each request's own fields go on top of: None, plain SamplingParams (the lab's); bench
+    # online --compare-offline sets the engine's defaults, as a server fills a request's
+    # unset fields (online.offline_workload).
+    defaults: SamplingParams | None = None
 
     def params(self, i: int, ignore_eos: bool = False) -> SamplingParams:
         """Greedy sampling parameters of request i (cycling through the items)."""
         so = self.structured_outputs[i % len(self.prompts)] if self.structured_outputs else None
-        return SamplingParams(temperature=0.0, max_tokens=self.max_tokens[i % len(self.prompts)],
-                              ignore_eos=ignore_eos,
-                              structured_outputs=StructuredOutputsParams(**so) if so else None)
+        return replace(self.defaults or SamplingParams(), temperature=0.0,
+                       max_tokens=self.max_tokens[i % len(self.prompts)], ignore_eos=ignore_eos,
+                       structured_outputs=StructuredOutputsParams(**so) if so else None)
 
     @property
     def shared_prefix(self) -> list[int]:
@@ -477,6 +483,8 @@ def run_strategy(strategy: Strategy, preset: Preset, common: dict, model: str | 
     stats = engine.get_stats()
     lab.strategies.append({**row, "status": "ok", "load_time_s": engine.load_time,
                            "profile_time_s": engine.profile_time,
+                           # what the baselines are given too (baselines.engine_threads)
+                           "num_threads": torch.get_num_threads(),
                            **{ours: stats.get(theirs, 0) for ours, theirs in _MEMORY.items()}})
     for name in preset.workloads:
         for c in preset.concurrency:

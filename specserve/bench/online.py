@@ -2,9 +2,14 @@
 OpenAI-compatible server (ours, vLLM, llama.cpp's server).
 
 Each request is a streaming chat completion (greedy). TTFT is measured at the first chunk that
-carries content; the token count comes from the final usage chunk (`stream_options.include_usage`),
-because one chunk may carry several tokens (a verified speculative run) or none; TPOT is the time
-from the first to the last content chunk over (tokens - 1).
+carries tokens (content, reasoning_content or tool_calls, as vLLM's benchmark_serving counts); the
+token count comes from the final usage chunk (`stream_options.include_usage`), because one chunk
+may carry several tokens (a verified speculative run) or none; TPOT is the time from the first to
+the last such chunk over (tokens - 1).
+
+`--compare-offline` runs the same requests in-process: each sampled as a specserve server
+samples the body (offline_workload), both sides warmed on the same first prompt, and every
+json-schema grammar compiled before the first timed run on both sides.
 
 The client is aiohttp on uvloop, as lean as we could make it: on this 2-core machine the load
 generator shares the CPU with the server, so its own cost shows up as the server's. Measured at
@@ -19,12 +24,20 @@ import asyncio
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 import aiohttp
 import uvloop
 
-from specserve.bench.lab import RequestRecord, item_max_tokens, latency_figures
+from specserve.bench.lab import (
+    PreparedWorkload,
+    RequestRecord,
+    item_max_tokens,
+    latency_figures,
+    prepare_workload,
+)
 from specserve.bench.workloads import WorkloadItem
+from specserve.engine.llm_engine import LLMEngine
 
 # Errors a bench run reports as one line (server down, refused, timed out).
 CLIENT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
@@ -42,6 +55,15 @@ async def discover_model(session: aiohttp.ClientSession, url: str, headers: dict
     if not data:
         raise OnlineError(f"{url}/v1/models lists no model; pass --model")
     return data[0]["id"]
+
+
+def carries_tokens(delta: dict) -> bool:
+    """Whether a chunk's delta holds generated tokens. usage's completion_tokens counts a
+    reasoning model's thinking (reasoning_content, or vLLM's newer `reasoning`) and a tool
+    call's arguments too: timing only `content` would make TTFT the time to the first answer
+    token and divide the answer's span by every token."""
+    return bool(delta.get("content") or delta.get("reasoning_content")
+                or delta.get("reasoning") or delta.get("tool_calls"))
 
 
 async def stream_one(session: aiohttp.ClientSession, url: str, headers: dict, body: dict
@@ -70,7 +92,7 @@ async def stream_one(session: aiohttp.ClientSession, url: str, headers: dict, bo
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                 for choice in chunk.get("choices") or ():
-                    if (choice.get("delta") or {}).get("content"):
+                    if carries_tokens(choice.get("delta") or {}):
                         last = now
                         first = first or now
                         num_chunks_with_content += 1
@@ -89,6 +111,47 @@ def run_client(coro):
         return runner.run(coro)
 
 
+WARM_UP_TOKENS = 4
+
+
+def request_body(item: WorkloadItem, model: str, max_tokens_cap: int | None = None,
+                 ignore_eos: bool = False) -> dict:
+    """One streaming chat request. Fields it leaves unset (top_p, repetition_penalty, ...) are
+    the server's to fill: specserve and vLLM take them from the model's generation_config.json,
+    which offline_workload applies to the in-process side too."""
+    body = {"model": model, "messages": item.messages, "temperature": 0.0,
+            "max_tokens": item_max_tokens(item, max_tokens_cap), "stream": True,
+            "stream_options": {"include_usage": True}}
+    if ignore_eos:  # an extension (ours, vLLM and llama.cpp's server accept it)
+        body["ignore_eos"] = True
+    if item.structured_outputs:  # json-schema: vLLM's body field
+        body["structured_outputs"] = item.structured_outputs
+    return body
+
+
+def offline_workload(engine: LLMEngine, name: str, items: Sequence[WorkloadItem],
+                     max_tokens_cap: int | None = None) -> PreparedWorkload:
+    """The workload as --compare-offline runs it in-process: each request sampled as a
+    specserve server samples request_body (protocol's to_sampling_params): the body's fields on
+    top of the engine's defaults from the model's generation_config.json (Qwen2.5-Instruct's
+    sets repetition_penalty 1.05), max_tokens capped at its max_new_tokens (serving's _capped).
+    A bare SamplingParams would decode without that penalty: another workload."""
+    caps = [c for c in (max_tokens_cap, engine.sampling_defaults.get("max_tokens")) if c]
+    workload = prepare_workload(engine, name, items, cap=min(caps, default=None))
+    return replace(workload, defaults=engine.default_sampling_params())
+
+
+def warm_up_offline(engine: LLMEngine, workload: PreparedWorkload,
+                    ignore_eos: bool = False) -> None:
+    """The in-process twin of run_online_point's warm-up request: the same first prompt, so
+    that both sides start their first timed run with it in the prefix cache."""
+    cap = engine.sampling_defaults.get("max_tokens") or WARM_UP_TOKENS
+    engine.add_request(workload.prompts[0], replace(workload.params(0, ignore_eos),
+                                                    max_tokens=min(WARM_UP_TOKENS, cap)))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
 async def run_online_point(url: str, items: Sequence[WorkloadItem], concurrency: int,
                            num_prompts: int, model: str | None = None,
                            api_key: str | None = None, max_tokens_cap: int | None = None,
@@ -102,19 +165,20 @@ async def run_online_point(url: str, items: Sequence[WorkloadItem], concurrency:
     async with aiohttp.ClientSession(connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=timeout)) as session:
         model = model or await discover_model(session, url, headers)
-        bodies = []
-        for i in range(num_prompts):
-            item = items[i % len(items)]
-            body = {"model": model, "messages": item.messages, "temperature": 0.0,
-                    "max_tokens": item_max_tokens(item, max_tokens_cap), "stream": True,
-                    "stream_options": {"include_usage": True}}
-            if ignore_eos:  # an extension (ours, vLLM and llama.cpp's server accept it)
-                body["ignore_eos"] = True
-            if item.structured_outputs:  # json-schema: vLLM's body field
-                body["structured_outputs"] = item.structured_outputs
-            bodies.append(body)
+        bodies = [request_body(items[i % len(items)], model, max_tokens_cap, ignore_eos)
+                  for i in range(num_prompts)]
         if warm_up:  # the server's first forwards are slow: keep them out of the figures
-            await stream_one(session, url, headers, {**bodies[0], "max_tokens": 4})
+            # The first prompt (rag: the shared document) then starts in the prefix cache;
+            # --compare-offline warms its engine the same way (warm_up_offline).
+            await stream_one(session, url, headers, {**bodies[0], "max_tokens": WARM_UP_TOKENS})
+            # Every grammar compiled before the clock starts, as prepare_workload compiles the
+            # in-process side's: one token per distinct schema, on a prompt of its own (the
+            # workload's prompts must not enter the prefix cache here).
+            for so in {json.dumps(i.structured_outputs, sort_keys=True): i.structured_outputs
+                       for i in items if i.structured_outputs}.values():
+                await stream_one(session, url, headers, {
+                    **bodies[0], "messages": [{"role": "user", "content": "Reply in JSON."}],
+                    "max_tokens": 1, "structured_outputs": so})
         records: list[RequestRecord | None] = [None] * num_prompts
         next_index = iter(range(num_prompts))
         t0 = time.perf_counter()

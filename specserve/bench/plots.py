@@ -5,6 +5,7 @@ matplotlib is imported inside the functions: `specserve --help` must stay fast.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -168,7 +169,9 @@ def sweep_plots(cells: Sequence[dict], out: Path) -> list[Path]:
         ax_t.legend(fontsize=7)
         fig.suptitle(f"{proposer} proposer · {workload}")
         fig.tight_layout()
-        path = out / f"sweep_{proposer}_{workload}.png"
+        # A file name without the label's spaces, commas and parentheses (sweep.proposer_label)
+        name = re.sub(r"[^\w.-]+", "_", proposer).strip("_")
+        path = out / f"sweep_{name}_{workload}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)

@@ -2,8 +2,9 @@
 
 Perplexity on a fixed English text every Python install has (the documentation topics in the
 standard library's `pydoc_data` package), computed through the engine's own paged KV cache, so an
-8-bit KV cache is measured too; plus greedy agreement with the bf16 engine (the position where
-the greedy outputs first diverge, over a prompt set).
+8-bit KV cache is measured too; plus greedy agreement with the reference engine, the first row
+(in --dtype, which "auto" makes fp32 on CPUs without bf16 GEMMs; the row says which): the
+position where the greedy outputs first diverge, over a prompt set.
 """
 
 from __future__ import annotations

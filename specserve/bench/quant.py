@@ -6,12 +6,12 @@ model memory, KV blocks and the most 1k-token sequences a fixed KV budget holds,
 the standard library's documentation text (bench/quality.py), and output tok/s at concurrency 1
 (requests one after another) and at concurrency 32 (one wave). llama.cpp (llama-cpp-python, when
 installed) runs the same token prompts at concurrency 1, greedy with EOS banned, in its own
-process. Every figure comes from this run; nothing is carried over.
+process, on the engines' thread count (for its prefill too). Every figure comes from this run;
+nothing is carried over.
 """
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -47,6 +47,8 @@ class QuantSettings:
 
 
 def _measure_mode(name: str, settings: QuantSettings, progress: Progress) -> dict:
+    import torch
+
     from specserve.bench.offline import bench_engine, make_prompts
     from specserve.bench.quality import perplexity, reference_text
     from specserve.llm import LLM
@@ -80,13 +82,13 @@ def _measure_mode(name: str, settings: QuantSettings, progress: Progress) -> dic
             "weight_bytes": engine.weight_bytes, "kv_cache_bytes": engine.runner.kv_cache_bytes,
             "kv_blocks": blocks, "max_1k_seqs": blocks * block_size // SEQ_LEN,
             "perplexity": ppl, "tok_s_c1": tokens / wall, "tok_s_batch": batch.output_tok_s,
-            "decode_tok_s_c1": per_second(tpots),
+            "decode_tok_s_c1": per_second(tpots), "num_threads": torch.get_num_threads(),
             "prompts_c1": prompts[:settings.num_sequential]}
 
 
 def _measure_llama_cpp(prompts: list[list[int]], settings: QuantSettings,
                        progress: Progress) -> dict:
-    from specserve.bench.baselines import load_llama_cpp, token_chunk_times
+    from specserve.bench.baselines import engine_threads, load_llama_cpp, token_chunk_times
 
     progress("llama.cpp: loading", 0)
     llama = load_llama_cpp(None, settings.num_threads, seed=0)
@@ -111,7 +113,7 @@ def _measure_llama_cpp(prompts: list[list[int]], settings: QuantSettings,
     progress("llama.cpp: done", 1)
     return {"mode": "llama.cpp (gguf Q4_1)", "tok_s_c1": tokens / (time.perf_counter() - t0),
             "decode_tok_s_c1": per_second(tpots),
-            "num_threads": settings.num_threads or os.cpu_count()}
+            "num_threads": engine_threads(settings.num_threads)}  # the engine rows' too
 
 
 def per_second(tpots_ms: list[float | None]) -> float | None:
@@ -128,12 +130,14 @@ SPEEDS = ("tok_s_c1", "decode_tok_s_c1", "tok_s_batch")
 
 def _median_of(reps: list[dict]) -> dict:
     """One row from repetitions of a mode: the median of each speed (None where no repetition
-    has it), the rest from the first (deterministic), and every repetition's speeds kept."""
+    has it), the rest from the first (deterministic), and every repetition's speeds kept. Of an
+    even count, the lower middle (median_low), the rule of every bench median over repetitions:
+    a figure that some repetition measured."""
     row = dict(reps[0])
     for key in SPEEDS:
         if key in row:
             xs = [r[key] for r in reps if r[key] is not None]
-            row[key] = statistics.median(xs) if xs else None
+            row[key] = statistics.median_low(xs) if xs else None
     row["repetitions"] = [{k: r[k] for k in SPEEDS if k in r} for r in reps]
     return row
 

@@ -23,7 +23,9 @@ def _is_number(v) -> bool:
 
 def summarize_runs(runs: Sequence[dict]) -> dict:
     """Each figure of the repetitions as {"median", "min", "max"} (None where no run has it);
-    K histograms are summed."""
+    K histograms are summed. The median of an even count is the lower middle, as everywhere in
+    bench (sweep.median_run picks that run): a value some run measured, and the same one the
+    speculation table's median run shows."""
     out: dict = {}
     keys = dict.fromkeys(k for r in runs for k in r if k not in _NOT_FIGURES)
     for k in keys:
@@ -35,7 +37,7 @@ def summarize_runs(runs: Sequence[dict]) -> dict:
             out[k] = dict(sorted(total.items()))
             continue
         nums = [v for v in values if _is_number(v) and math.isfinite(v)]
-        out[k] = ({"median": statistics.median(nums), "min": min(nums), "max": max(nums)}
+        out[k] = ({"median": statistics.median_low(nums), "min": min(nums), "max": max(nums)}
                   if nums else None)
     return out
 
@@ -258,13 +260,16 @@ def _paired_ratios(row: dict[str, dict], others: Sequence[str]) -> dict[str, flo
 
 
 def paired_ratio(mine: Sequence[float], theirs: Sequence[float]) -> dict | None:
-    """The median and quartiles over rounds of mine / theirs within each round (runs of one
-    round are adjacent in time, so they share the machine's speed of the moment)."""
+    """The median (the lower middle of an even count, bench's one rule) and quartiles over
+    rounds of mine / theirs within each round (runs of one round are adjacent in time, so they
+    share the machine's speed of the moment). Quartiles by the inclusive method, which stays
+    within the ratios measured (the default extrapolates beyond them for few rounds)."""
     ratios = sorted(a / b for a, b in zip(mine, theirs, strict=True) if a and b)
     if not ratios:
         return None
-    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else ratios * 3
-    return {"median": statistics.median(ratios), "q1": q1, "q3": q3, "rounds": len(ratios)}
+    q1, _, q3 = (statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) >= 2
+                 else ratios * 3)
+    return {"median": statistics.median_low(ratios), "q1": q1, "q3": q3, "rounds": len(ratios)}
 
 
 def online_table(rows: Sequence[dict], title: str) -> Table:

@@ -12,7 +12,15 @@ together unless every one of them drafts well, and whose tail runs a shrinking b
 at concurrency C runs C requests at every step and replaces a finished one at once. Prefix
 caching is on, emptied before every run and then warmed with the workload's shared prefix
 (rag's document, hot as on a real RAG server, in a draft model's pool too): the sweep's time
-goes to decoding, which is what the policies change.
+goes to decoding, which is what the policies change. Requests cycle through the workload's
+items, so where a run has more requests than items (3 x 32 over prose's 70, or over the fewer
+held-out prompts of --prompts unseen) a repeated prompt finds its whole prefill cached: every
+policy alike, so the ratios stay fair, but absolute tok/s is more decode-heavy than the
+prompts alone suggest (each cell's prefix_cache_hit_rate is in sweep.json).
+
+The `draft` proposer is the target's own first 4 layers, untrained (`draft:N`, N layers), unless
+--draft-model names a trained one: its cells are labelled `draft(self-4, untrained)`, a straw man
+(trained.py), not what a trained draft model would do.
 
 `static:K` is the static policy with K_max = K; the others use --k-max.
 """
@@ -20,7 +28,6 @@ goes to decoding, which is what the policies change.
 from __future__ import annotations
 
 import gc
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,14 +65,23 @@ class SweepSettings:
 
 
 def median_run(runs: list[dict]) -> dict:
-    """The run with the median throughput (its figures stay mutually consistent), plus the
-    throughput of every round."""
+    """The run with the median throughput (its figures stay mutually consistent; of an even
+    count the lower middle, bench's one median rule), plus the throughput of every round."""
     ranked = sorted(runs, key=lambda r: r["output_tok_s"])
     mid = ranked[(len(ranked) - 1) // 2]
     tputs = [r["output_tok_s"] for r in runs]
     return {**mid, "output_tok_s_runs": tputs,
-            "output_tok_s_spread": (max(tputs) - min(tputs)) / statistics.median(tputs)
+            "output_tok_s_spread": (max(tputs) - min(tputs)) / mid["output_tok_s"]
             if min(tputs) > 0 else None}
+
+
+def proposer_label(proposer: str, draft_model: str | None = None) -> str:
+    """The name a proposer's cells, table rows and summary carry: a self-draft (the target's
+    first layers, untrained) is never just `draft`, which reads as a draft model."""
+    if proposer.startswith("draft") and not (draft_model and proposer == "draft"):
+        layers = proposer.split(":", 1)[1] if ":" in proposer else "4"  # proposer_config's
+        return f"draft(self-{layers}, untrained)"
+    return proposer
 
 
 def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
@@ -82,8 +98,9 @@ def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
     engines: list[dict] = []
     workloads: dict = {}
     for proposer in settings.proposers:
-        progress(f"{proposer}: loading", 0)
-        row = {"proposer": proposer, "policies": policies}
+        label = proposer_label(proposer, settings.draft_model)
+        progress(f"{label}: loading", 0)
+        row = {"proposer": label, "policies": policies}
         try:
             kwargs = {**common, "speculative_config": proposer_config(
                 proposer, settings.k_max, draft_model=settings.draft_model,
@@ -94,7 +111,7 @@ def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
             warm_up(llm.engine)
         except (ValueError, NotImplementedError, ImportError) as exc:
             engines.append({**row, "status": "skipped", "error": f"{type(exc).__name__}: {exc}"})
-            progress(f"{proposer}: skipped", per_engine)
+            progress(f"{label}: skipped", per_engine)
             continue
         engine = llm.engine
         engines.append({**row, "status": "ok", "load_time_s": engine.load_time,
@@ -108,7 +125,7 @@ def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
             # as on a server that keeps serving that workload.
             installed: dict[str, object] = {}
             for c in pts.concurrency:
-                progress(f"{proposer} · {w} · c={c}", 0)
+                progress(f"{label} · {w} · c={c}", 0)
                 runs: dict[str, list[dict]] = {p: [] for p in policies}
                 for r in range(pts.repeats):
                     for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
@@ -121,9 +138,9 @@ def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
                                                          pts.num_prompts(c), pts.ignore_eos,
                                                          warm_shared_prefix=True))
                 for policy in policies:
-                    cells.append({"proposer": proposer, "policy": policy, "workload": w,
+                    cells.append({"proposer": label, "policy": policy, "workload": w,
                                   "concurrency": c, "run": median_run(runs[policy])})
-                progress(f"{proposer} · {w} · c={c}", len(policies))
+                progress(f"{label} · {w} · c={c}", len(policies))
         del engine, llm
         gc.collect()
     return cells, engines
