@@ -104,7 +104,7 @@ def test_lora_batch_adds_each_rows_own_update():
     torch.manual_seed(0)
 
     def adapter(i: int) -> LoRAAdapter:
-        update = LoRALinear(torch.randn(3, 8), torch.randn(5, 3))
+        update = LoRALinear(torch.randn(8, 3), torch.randn(3, 5))
         return LoRAAdapter(LoRARequest(f"x{i}", i, "/x"), 3, [{"o_proj": update}], 0)
 
     a, b = adapter(1), adapter(2)
@@ -115,7 +115,7 @@ def test_lora_batch_adds_each_rows_own_update():
     for adapter_, start, end in spans:
         if adapter_ is not None:
             u = adapter_.layers[0]["o_proj"]
-            expected[start:end] += x[start:end] @ u.a.T @ u.b.T
+            expected[start:end] += x[start:end] @ u.a @ u.b
     torch.testing.assert_close(batch.add(y.clone(), x, 0, "o_proj"), expected)
     assert torch.equal(batch.add(y.clone(), x, 0, "qkv_proj"), y)  # no update for that linear
     assert LoRABatch.build([(None, 0, 9)], 9, torch.device("cpu")) is None

@@ -42,10 +42,15 @@ _BASE_CHANGING_INITS = ("pissa", "olora", "corda", "loftq", "lora_ga")
 
 @dataclass(slots=True)
 class LoRALinear:
-    """One fused linear's update: y += (x @ a.T) @ b.T."""
+    """One fused linear's update: y += (x @ a) @ b, both stored transposed from PEFT's
+    layout so that each product reads a contiguous right operand."""
 
-    a: torch.Tensor  # [sum of the slices' ranks, in_features]
-    b: torch.Tensor  # [out_features, sum of the slices' ranks], scaled
+    a: torch.Tensor  # [in_features, sum of the slices' ranks], the model's dtype
+    b: torch.Tensor  # [sum of the slices' ranks, out_features], scaled
+    # fp32 copies for a bf16 model on a CPU, where torch's bf16 matmuls with a rank-16 side
+    # cost more than fp32's below ~8 rows (batch.FEW_ROWS); None elsewhere.
+    a32: torch.Tensor | None = None
+    b32: torch.Tensor | None = None
 
 
 _LOADS = itertools.count(1)
@@ -72,8 +77,10 @@ def fused_shapes(cfg: ModelConfig) -> dict[str, tuple[int, list[int]]]:
 
 def load_adapter(request: LoRARequest, cfg: ModelConfig, max_rank: int, dtype: torch.dtype,
                  device: torch.device | str = "cpu") -> LoRAAdapter:
-    """Read and check a PEFT LoRA directory for this model. Raises ValueError naming what does
-    not fit (another model's shapes, a rank over max_rank, a kind of update not applied here)."""
+    """Read and check a PEFT LoRA directory for this model, its updates kept in the model's
+    dtype on its device (and in fp32 too for a bf16 model on a CPU). Raises ValueError naming
+    what does not fit (another model's shapes, a rank over max_rank, a kind of update not
+    applied here)."""
     path = Path(request.lora_path).expanduser()
     conf = _read_config(path)
     pieces: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
@@ -126,10 +133,13 @@ def load_adapter(request: LoRARequest, cfg: ModelConfig, max_rank: int, dtype: t
         for index, a, b in parts:
             b_full[offsets[index]:offsets[index] + outs[index], col:col + a.shape[0]] = b
             col += a.shape[0]
-        update = LoRALinear(torch.cat([a for _, a, _ in parts]).to(device, dtype).contiguous(),
-                            b_full.to(device, dtype).contiguous())
+        a_t, b_t = torch.cat([a for _, a, _ in parts]).T.contiguous(), b_full.T.contiguous()
+        update = LoRALinear(a_t.to(device, dtype), b_t.to(device, dtype))
+        if torch.device(device).type == "cpu" and dtype != torch.float32:
+            update.a32, update.b32 = a_t, b_t
         layers[layer][fused] = update
-        nbytes += update.a.nbytes + update.b.nbytes
+        nbytes += sum(t.nbytes for t in (update.a, update.b, update.a32, update.b32)
+                      if t is not None)
     return LoRAAdapter(request, rank, layers, nbytes)
 
 

@@ -14,6 +14,11 @@ import torch
 
 from specserve.lora.adapter import LoRAAdapter
 
+# Below this many rows a bf16 model's update runs in fp32 on a CPU: torch's bf16 matmuls with a
+# rank-16 side cost 27-33 us a linear there against 8-32 us for fp32 (one row: 3x), and from
+# 16 rows on bf16 is the faster (a 2-core Zen 5, docs/results/2026-12-07-session48/).
+FEW_ROWS = 8
+
 
 class LoRABatch:
     def __init__(self, groups: list[tuple[LoRAAdapter, slice | torch.Tensor]]):
@@ -51,8 +56,13 @@ class LoRABatch:
             update = adapter.layers[layer].get(name)
             if update is None:
                 continue
-            if isinstance(rows, slice):
-                y[rows] += (x[rows] @ update.a.T) @ update.b.T
+            xs = x[rows] if isinstance(rows, slice) else x.index_select(0, rows)
+            if update.a32 is not None and len(xs) < FEW_ROWS:
+                delta = (xs.float() @ update.a32) @ update.b32
             else:
-                y.index_add_(0, rows, (x.index_select(0, rows) @ update.a.T) @ update.b.T)
+                delta = (xs @ update.a) @ update.b
+            if isinstance(rows, slice):
+                y[rows] += delta
+            else:
+                y.index_add_(0, rows, delta.to(y.dtype))
         return y

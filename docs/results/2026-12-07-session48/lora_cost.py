@@ -1,7 +1,8 @@
 """What serving a LoRA adapter costs here: the embedded model (bf16), a random rank-16 PEFT
 adapter on all seven projections, output tok/s of the same prompts run on the base model, all
 through the adapter, and half and half, at concurrency 1 and 32, rounds interleaved on one
-engine. Usage: HF_HUB_OFFLINE=1 .venv/bin/python docs/results/2026-12-07-session48/lora_cost.py"""
+engine (and the base model through the Python layers, the path a step with adapter rows
+takes). Usage: HF_HUB_OFFLINE=1 .venv/bin/python docs/results/2026-12-07-session48/lora_cost.py"""
 
 from __future__ import annotations
 
@@ -41,15 +42,21 @@ def main() -> None:
                for v in ("sing", "swim", "fly", "cook")]
     llm.generate(prompts[:4], params, lora_request=lora)  # warm-up, both paths
     llm.generate(prompts[:4], params)
-    modes = {"base": lambda n: None, "adapter": lambda n: [lora] * n,
+    # "base-python": the base model through LlamaModel.forward instead of the C++ layer loop,
+    # which a step with adapter rows takes: what of the adapter's cost is the path, not the
+    # updates.
+    modes = {"base": lambda n: None, "base-python": lambda n: None,
+             "adapter": lambda n: [lora] * n,
              "half": lambda n: [lora if i % 2 else None for i in range(n)]}
+    layer_loop = llm.engine.runner.layer_loop
     for conc in (1, 32):
         tput: dict[str, list[float]] = {m: [] for m in modes}
         for r in range(ROUNDS):
-            order = list(modes)[r % 3:] + list(modes)[:r % 3]
+            order = list(modes)[r % len(modes):] + list(modes)[:r % len(modes)]
             for mode in order:
                 batch = prompts[:conc] if conc > 1 else prompts[:4]
                 loras = modes[mode](len(batch))
+                llm.engine.runner.layer_loop = None if mode == "base-python" else layer_loop
                 t0 = time.perf_counter()
                 if conc == 1:  # one request at a time
                     for j, p in enumerate(batch):
