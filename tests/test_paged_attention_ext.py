@@ -230,6 +230,9 @@ def test_empty_and_errors():
     bad[0, 0] = 10**6
     with pytest.raises((RuntimeError, ValueError)):  # block id beyond the cache
         ext.paged_attention_short(q, kc, vc, bad, ts, tp, 16, 0.125)
+    # An empty head: refused, not a crash (AMX tiles of no rows; a division by head_dim)
+    with pytest.raises(RuntimeError, match="head_dim must be positive"):
+        ext.paged_attention_short(q[:, :0], kc, vc, bt, ts, tp, 16, 0.125)
 
 
 def test_no_ext_env_disables():

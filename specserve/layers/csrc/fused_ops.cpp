@@ -149,11 +149,11 @@ void swiglu_row_bf16(const c10::BFloat16* __restrict g, const c10::BFloat16* __r
 }
 #endif
 
-// One row of RMSNorm; `res` (optional) is added into the residual row first.
+// One row of RMSNorm; `res` (optional) is added into the residual row first. out may be x
+// (add_rms_norm_ normalises in place), so neither is declared __restrict.
 template <typename T>
 __attribute__((optimize("fp-contract=off")))
-void rms_row(T* __restrict x, T* __restrict res, const T* __restrict w, T* __restrict out,
-             int64_t d, float eps) {
+void rms_row(T* x, T* __restrict res, const T* __restrict w, T* out, int64_t d, float eps) {
   const T* src = x;
   if (res != nullptr) {
     for (int64_t i = 0; i < d; ++i) res[i] = round_to<T>(f32(res[i]) + f32(x[i]));

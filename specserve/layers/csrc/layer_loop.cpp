@@ -52,7 +52,10 @@ struct Plan {
 };
 
 std::mutex plans_mu;
-std::vector<std::unique_ptr<Plan>> plans;
+// Shared: a step holds its plan while it runs without the GIL, so a free_layer_plan meanwhile
+// (the Python object's finalizer at interpreter exit, beside a daemon engine thread mid-step)
+// drops the registry's reference and the step's keeps the plan alive until it returns.
+std::vector<std::shared_ptr<Plan>> plans;
 
 at::Tensor optional_tensor(const at::Tensor& t) { return t.numel() ? t : at::Tensor(); }
 
@@ -104,7 +107,7 @@ int64_t register_layer_plan(std::vector<at::Tensor> tensors, std::vector<int64_t
                             double scale, int64_t int4_max_rows) {
   TORCH_CHECK(tensors.size() % 18 == 0 && ints.size() * 18 == tensors.size() * 8,
               "register_layer_plan: 18 tensors and 8 ints per layer");
-  auto plan = std::make_unique<Plan>();
+  auto plan = std::make_shared<Plan>();
   plan->num_heads = num_heads;
   plan->kv_format = kv_format;
   plan->block_size = block_size;
@@ -154,12 +157,12 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> run_layer_plan(
     int64_t id, at::Tensor x, at::Tensor cos, at::Tensor sin, at::Tensor slots,
     at::Tensor block_tables, at::Tensor token_seq, at::Tensor token_pos,
     std::vector<int64_t> capture) {
-  const Plan* plan;
+  std::shared_ptr<const Plan> plan;
   {
     std::lock_guard<std::mutex> lock(plans_mu);
     TORCH_CHECK(id >= 0 && id < static_cast<int64_t>(plans.size()) && plans[id],
                 "run_layer_plan: unknown or freed plan");
-    plan = plans[id].get();
+    plan = plans[id];
   }
   pybind11::gil_scoped_release no_gil;
   at::Tensor residual = x;

@@ -1186,6 +1186,9 @@ at::Tensor paged_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   const int64_t KVH = k_cache.size(1);
   TORCH_CHECK(k_cache.size(2) == D, "head_dim mismatch between q and the cache");
   TORCH_CHECK(KVH > 0 && H % KVH == 0, "num_heads must be a multiple of num_kv_heads");
+  // An empty head would configure AMX tiles of no rows (SIGILL) or divide by D in the 8-bit
+  // readers.
+  TORCH_CHECK(H > 0 && D > 0, "num_heads and head_dim must be positive");
   TORCH_CHECK(token_seq.numel() == T && token_pos.numel() == T,
               "token_seq / token_pos must have one entry per query token");
   TORCH_CHECK(block_size > 0, "block_size must be positive");
