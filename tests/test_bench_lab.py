@@ -355,6 +355,23 @@ def test_lab_finds_cached_drafts_and_trains_only_with_a_budget(tmp_path, monkeyp
     assert cached_path(None, "draft") != cached_path(None, "eagle")
 
 
+def test_a_cached_draft_trained_for_less_than_asked_is_trained_again(tmp_path, monkeypatch):
+    from specserve.bench.trained import cached_path, trained_draft
+    from specserve.train import pipeline
+
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    budgets = []
+    monkeypatch.setattr(pipeline, "train_draft",
+                        lambda target, items, path, cfg, **kw: budgets.append(cfg.minutes))
+    path = cached_path(None, "draft")
+    path.mkdir(parents=True)
+    (path / "training.json").write_text(json.dumps(
+        {"recipe": pipeline.RECIPE["draft"], "settings": {"minutes": 2.0}}))
+    assert trained_draft(None, "draft", minutes=2.0) == path and budgets == []
+    assert trained_draft(None, "draft", minutes=0) == path and budgets == []
+    assert trained_draft(None, "draft", minutes=5.0) == path and budgets == [5.0]
+
+
 def _square(x: int, progress) -> tuple[int, int]:
     import os
 

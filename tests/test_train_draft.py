@@ -387,3 +387,60 @@ def test_a_setting_the_target_cannot_take_fails_before_generation(tmp_path, monk
         else:
             pipeline.train_eagle_head(target, _items(8, 0), tmp_path / "out",
                                       EagleConfig(feature_layers=(3,)))
+
+
+def test_a_draft_directory_is_replaced_whole_or_not_at_all(tmp_path):
+    """A save that fails midway (a killed run) leaves the earlier draft as it was, not the new
+    weights beside the old head ids; a directory of other files is never replaced."""
+    from specserve.train.whole_dir import written_whole
+
+    out = tmp_path / "draft"
+    with written_whole(out) as d:
+        (d / "eagle.json").write_text("{}")
+        (d / "head_ids.json").write_text("[1, 2]")
+    with pytest.raises(KeyboardInterrupt), written_whole(out) as d:
+        (d / "eagle.json").write_text("{}")
+        (d / "model.safetensors").write_text("new")
+        raise KeyboardInterrupt  # killed before the head ids were written
+    assert sorted(p.name for p in out.iterdir()) == ["eagle.json", "head_ids.json"]
+    assert (out / "head_ids.json").read_text() == "[1, 2]"
+    with written_whole(out) as d:
+        (d / "eagle.json").write_text("{}")
+    assert [p.name for p in out.iterdir()] == ["eagle.json"]  # nothing stale kept
+    assert [p.name for p in tmp_path.iterdir()] == ["draft"]  # no partial directories left
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="not a specserve draft"), written_whole(other):
+        pass
+    assert (other / "todo.txt").read_text() == "keep me"
+
+
+def _tiny_loop(fake_clock, tick: float, **cfg):
+    """train_within_budget on a 4-parameter quadratic, the clock advancing `tick` per reading."""
+    import random
+
+    from specserve.train.loop import BudgetConfig, train_within_budget
+
+    fake_clock.tick = tick
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4))
+    target = torch.arange(4.0)
+    result = train_within_budget([w], [[0], [1]], lambda batch: ((w - target) ** 2).sum(),
+                                 lambda step: 0.0,
+                                 BudgetConfig(show_progress=False, bf16=False, **cfg),
+                                 random.Random(0))
+    return w.detach().clone(), result
+
+
+def test_max_steps_makes_the_run_the_same_on_a_slow_or_fast_machine(fake_clock):
+    """With max_steps the learning rate follows the steps: two clocks, one draft. (It followed
+    the clock, so a loaded machine trained another draft from the same seed.)"""
+    fast, r1 = _tiny_loop(fake_clock, 0.001, minutes=1, max_steps=30, lr=0.1, warmup_steps=2)
+    slow, r2 = _tiny_loop(fake_clock, 0.05, minutes=1, max_steps=30, lr=0.1, warmup_steps=2)
+    assert r1.steps == r2.steps == 30 and torch.equal(fast, slow)
+
+
+def test_a_budget_that_ends_before_the_first_step_is_an_error(fake_clock):
+    with pytest.raises(ValueError, match="before the first training step"):
+        _tiny_loop(fake_clock, 10.0, minutes=0.1)

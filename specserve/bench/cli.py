@@ -231,8 +231,10 @@ def _add_lab(bench) -> None:
     p.add_argument("--eagle-model", default=None,
                    help="a trained EAGLE head directory (default: the cached one, if any)")
     p.add_argument("--train-minutes", type=float, default=None,
-                   help="when no trained draft / EAGLE head is cached, train each for this many "
-                        "minutes first (default 5 for the full preset, 0 for --quick)")
+                   help="when no trained draft / EAGLE head is cached, or the cached one was "
+                        "trained for fewer minutes or with an older recipe, train each for this "
+                        "many minutes first (default 5 for the full preset, 0 for --quick: use "
+                        "whatever is cached)")
     _add_prompts_flag(p)
     p.add_argument("--out", default=None, help="output directory (default: bench-results/lab-*)")
     p.set_defaults(func=cmd_lab)

@@ -32,18 +32,23 @@ def cached_path(target: str | None, method: str) -> Path:
 def trained_draft(target: str | None, method: str, minutes: float,
                   num_threads: int | None = None) -> Path | None:
     """The cached draft (`method` "draft" or "eagle") for target, training it first when none is
-    cached and minutes > 0; None when there is none and no budget to train one."""
+    cached and minutes > 0, or when the cached one had an older recipe or a shorter budget than
+    minutes asks for; None when there is none and no budget to train one."""
     from specserve.train.pipeline import RECIPE
 
     path = cached_path(target, method)
     report = path / "training.json"
     if report.is_file():
-        if json.loads(report.read_text()).get("recipe", 1) >= RECIPE[method]:
+        trained = json.loads(report.read_text())
+        budget = trained.get("settings", {}).get("minutes", 0)
+        if trained.get("recipe", 1) >= RECIPE[method] and (minutes <= 0 or budget >= minutes):
             return path
         if minutes <= 0:
             logger.warning("%s was trained with an older recipe; retrain it with "
                            "--train-minutes > 0", path)
             return path
+        logger.info("%s was trained for %g min (recipe %s): training again for %g min", path,
+                    budget, trained.get("recipe", 1), minutes)
     elif minutes <= 0:
         return None
     from specserve.train.data import workload_prompts

@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 from specserve.config import ModelConfig
 from specserve.models.shared_embedding import draft_embedding, embedding_probe
 from specserve.spec_decode.eagle_head import EagleHead
+from specserve.train.whole_dir import written_whole
 
 CONFIG_FILE = "eagle.json"
 HEAD_IDS_FILE = "head_ids.json"
@@ -25,8 +26,7 @@ HEAD_IDS_FILE = "head_ids.json"
 
 def save_eagle(out_dir: str | Path, head: EagleHead, target_name: str, tokenizer,
                report: dict) -> Path:
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(out_dir).expanduser()
     c = head.cfg
     config = {"specserve_eagle": {
         "target": target_name,
@@ -40,18 +40,16 @@ def save_eagle(out_dir: str | Path, head: EagleHead, target_name: str, tokenizer
         "context": head.context,
         "target_embedding_probe": embedding_probe(head.embed_tokens.weight),
     }}
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     tensors = {k: v.detach().float().contiguous().clone() for k, v in head.state_dict().items()
                if not k.startswith("lm_head.")}
-    save_file(tensors, str(out / "model.safetensors"))
-    ids = out / HEAD_IDS_FILE
-    if head.head_ids is not None:
-        ids.write_text(json.dumps(head.head_ids.tolist()) + "\n")
-    elif ids.exists():
-        ids.unlink()
-    tokenizer.save_pretrained(str(out))
-    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
-    return out
+    with written_whole(final) as out:
+        (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+        save_file(tensors, str(out / "model.safetensors"))
+        if head.head_ids is not None:
+            (out / HEAD_IDS_FILE).write_text(json.dumps(head.head_ids.tolist()) + "\n")
+        tokenizer.save_pretrained(str(out))
+        (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    return final
 
 
 def trained_context(path: Path, meta: dict) -> int | None:

@@ -44,6 +44,10 @@ def add_train_parser(subparsers) -> None:
                         "feature, e.g. 2,14 (default: a low and a middle one; none: the final "
                         "feature only)")
     p.add_argument("--eval-every", type=int, default=20, help="steps between evaluations")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="stop after this many steps (the budget still applies); the learning "
+                        "rate then follows the steps, not the clock, so the same seed gives the "
+                        "same draft on any machine")
     p.add_argument("--dtype", default="auto",
                    help="the dtype the target is served in: the engine's while generating the "
                         "data, and the teacher's")
@@ -69,7 +73,8 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
         cfg = EagleConfig(head_vocab=args.head_vocab, minutes=args.minutes, seed=args.seed,
                           lr=args.lr if args.lr is not None else 1e-3,
                           eval_every=args.eval_every, max_context=args.max_context,
-                          feature_layers=_layers(args.feature_layers))
+                          feature_layers=_layers(args.feature_layers),
+                          max_steps=args.max_steps)
         outcome = train_eagle_head(args.model, items, args.out, cfg, **common)
     else:
         from specserve.train.distill import DistillConfig
@@ -77,7 +82,8 @@ def cmd_train_draft(args: argparse.Namespace) -> None:
         cfg = DistillConfig(num_layers=args.layers, head_vocab=args.head_vocab,
                             minutes=args.minutes, seed=args.seed,
                             lr=args.lr if args.lr is not None else 5e-4,
-                            eval_every=args.eval_every, max_context=args.max_context)
+                            eval_every=args.eval_every, max_context=args.max_context,
+                            max_steps=args.max_steps)
         outcome = train_draft(args.model, items, args.out, cfg, **common)
     print(summary(outcome))
 

@@ -26,6 +26,7 @@ from specserve.models.shared_embedding import embedding_probe
 from specserve.quant.gptq import MAX_CALIBRATION_LEN
 from specserve.train.data import Sample
 from specserve.train.draft_net import DraftNet
+from specserve.train.whole_dir import written_whole
 
 HEAD_IDS_FILE = "head_ids.json"
 CALIBRATION_FILE = "calibration.json"
@@ -134,20 +135,15 @@ def draft_tensors(draft: DraftNet) -> dict[str, torch.Tensor]:
 def save_draft(out_dir: str | Path, draft: DraftNet, target_name: str,
                target_embedding: torch.Tensor, tokenizer, report: dict,
                calibration: list[list[int]] | None = None) -> Path:
-    out = Path(out_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    final = Path(out_dir).expanduser()
     config = draft_config(draft, target_name, target_embedding, calibrated=bool(calibration))
-    if calibration:
-        (out / CALIBRATION_FILE).write_text(json.dumps(calibration) + "\n")
-    else:
-        (out / CALIBRATION_FILE).unlink(missing_ok=True)  # a stale file from an earlier run
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(draft_tensors(draft), str(out / "model.safetensors"))
-    head = out / HEAD_IDS_FILE
-    if draft.head_ids is not None:
-        head.write_text(json.dumps(draft.head_ids.tolist()) + "\n")
-    elif head.exists():  # a stale file from an earlier run in the same directory
-        head.unlink()
-    tokenizer.save_pretrained(str(out))
-    (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
-    return out
+    with written_whole(final) as out:
+        if calibration:
+            (out / CALIBRATION_FILE).write_text(json.dumps(calibration) + "\n")
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        save_file(draft_tensors(draft), str(out / "model.safetensors"))
+        if draft.head_ids is not None:
+            (out / HEAD_IDS_FILE).write_text(json.dumps(draft.head_ids.tolist()) + "\n")
+        tokenizer.save_pretrained(str(out))
+        (out / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    return final

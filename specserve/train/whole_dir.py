@@ -1,0 +1,52 @@
+"""Write a trained draft's directory whole or not at all.
+
+A run killed while saving used to leave the new weights beside the previous run's head ids (the
+files were rewritten one by one in place), and the loader took the mix: a draft whose guesses are
+read with another run's vocabulary, accepted almost never, with no error. Now the files go into a
+fresh sibling directory that takes the old one's place once complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+# What marks a directory as a draft this module may replace: a draft model's config section,
+# or an EAGLE head's own file.
+_DRAFT_CONFIG, _EAGLE_CONFIG = "config.json", "eagle.json"
+
+
+def _is_draft_dir(path: Path) -> bool:
+    if (path / _EAGLE_CONFIG).is_file():
+        return True
+    try:
+        return "specserve_draft" in json.loads((path / _DRAFT_CONFIG).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+@contextlib.contextmanager
+def written_whole(out: Path) -> Iterator[Path]:
+    """A fresh directory to write into; on success it replaces out. out must be new, empty or
+    an earlier draft (ValueError otherwise: its other files would be deleted with it)."""
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not _is_draft_dir(out))):
+        raise ValueError(f"{out} holds files that are not a specserve draft: save the draft "
+                         "to a new or empty directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        out.rename(old / out.name)
+    tmp.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
