@@ -444,3 +444,17 @@ def test_max_steps_makes_the_run_the_same_on_a_slow_or_fast_machine(fake_clock):
 def test_a_budget_that_ends_before_the_first_step_is_an_error(fake_clock):
     with pytest.raises(ValueError, match="before the first training step"):
         _tiny_loop(fake_clock, 10.0, minutes=0.1)
+
+
+def test_the_reduced_head_always_holds_the_end_of_sequence_ids():
+    """A token with next to no mass (the EOS of replies cut at the length cap) stays in the head
+    when it ends sequences: without it the draft could never guess an end."""
+    from specserve.train.draft_net import select_head_ids
+
+    torch.manual_seed(0)
+    lm_head = torch.randn(50, 8)
+    lm_head[7] = -100.0  # token 7: next to no mass over the (positive) rows below
+    rows = [torch.randn(64, 8).abs()]
+    assert 7 not in select_head_ids(rows, lm_head, 10).tolist()
+    ids = select_head_ids(rows, lm_head, 10, always=(7,))
+    assert 7 in ids.tolist() and len(ids) == 10 and ids.tolist() == sorted(ids.tolist())

@@ -73,7 +73,8 @@ def distill(target: LlamaModel, data: DraftData, cfg: DistillConfig,
     held_out = prepare(target, data.held_out, None, with_hidden=False)
     teacher = None  # its hidden states are cached: free it before training allocates
     head_ids = select_head_ids(_mass_rows(train, cfg.head_mass_positions, rng),
-                               target.lm_head.weight.detach(), cfg.head_vocab)
+                               target.lm_head.weight.detach(), cfg.head_vocab,
+                               always=target.cfg.eos_token_ids)
     draft = DraftNet(target, cfg.num_layers, head_ids)
     # The target's own logits over the head ids: a fixed slice of its LM head.
     target_head = target.lm_head.weight.detach()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -59,10 +60,12 @@ class DraftNet(nn.Module):
 
 
 def select_head_ids(hidden_rows: list[torch.Tensor], lm_head: torch.Tensor, size: int,
-                    chunk: int = 1024) -> torch.Tensor | None:
+                    chunk: int = 1024, always: Sequence[int] = ()) -> torch.Tensor | None:
     """The `size` token ids with the most target probability mass over the given final hidden
-    states (FR-Spec's frequency-ranked head, with the target's probabilities instead of counts).
-    Returns them sorted, or None when size is 0 or covers the whole vocabulary."""
+    states (FR-Spec's frequency-ranked head, with the target's probabilities instead of counts),
+    and `always` (the end-of-sequence ids: replies cut at the length cap give them little mass,
+    and a draft without them could never guess an end). Returns them sorted, or None when size
+    is 0 or covers the whole vocabulary."""
     vocab = lm_head.shape[0]
     if size <= 0 or size >= vocab:
         return None
@@ -71,4 +74,5 @@ def select_head_ids(hidden_rows: list[torch.Tensor], lm_head: torch.Tensor, size
         for rows in hidden_rows:
             for part in rows.split(chunk):
                 mass += (part.to(lm_head.dtype) @ lm_head.T).float().softmax(dim=-1).sum(dim=0)
+    mass[[t for t in always if 0 <= t < vocab]] = float("inf")
     return mass.topk(size).indices.sort().values

@@ -227,7 +227,8 @@ def train_eagle(target: LlamaModel, train: Sequence[Sample], held: Sequence[Samp
     if len(reply_rows) > cfg.head_mass_positions:
         keep = sorted(rng.sample(range(len(reply_rows)), cfg.head_mass_positions))
         reply_rows = reply_rows[torch.tensor(keep)]
-    head_ids = select_head_ids([reply_rows], target.lm_head.weight.detach(), cfg.head_vocab)
+    head_ids = select_head_ids([reply_rows], target.lm_head.weight.detach(), cfg.head_vocab,
+                               always=target.cfg.eos_token_ids)
     head = new_head(target, head_ids, layers, cfg.head_context)
     target_head = target.lm_head.weight.detach()
     if head_ids is not None:
