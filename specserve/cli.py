@@ -26,7 +26,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "SmolLM2-135M-Instruct)")
     p.add_argument("--dtype", default="auto",
                    help="auto (bf16 wherever it beats fp32 on this hardware, else fp32) | "
-                        "bfloat16 | float32")
+                        "bfloat16 | float32 | float16 (GPUs without bf16)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (weights and KV pools)")
     p.add_argument("--quantization", default=None, help="int8 | int4 | gguf | fp8")
     p.add_argument("--kv-cache-memory", type=parse_memory, default=1 << 30,
@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--context", type=int, default=128)
     p.set_defaults(func=cmd_bench_profile)
     p = sub.add_parser("quality", help="perplexity and greedy agreement of quantized modes")
-    p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32")
+    p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 | float16")
     p.add_argument("--quantization", default="int8,int4,gguf,fp8")
     p.add_argument("--kv-cache-dtype", default="int8,fp8_e4m3")
     p.add_argument("--kv-cache-memory", type=parse_memory, default=256 << 20)

@@ -29,7 +29,7 @@ def _common_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="a local Hugging Face directory or .gguf file (default: the embedded "
                         "SmolLM2-135M-Instruct)")
-    p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32")
+    p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float32 | float16")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--kv-cache-memory", type=parse_memory, default=1 << 30,
                    help="each target's KV pool (default 1GiB; rag at concurrency 32 without "
