@@ -627,3 +627,24 @@ def test_a_greedy_request_with_filters_takes_the_first_maximum_beside_a_random_o
         out = emit_tokens(logits, params, [None, torch.Generator().manual_seed(1)], [1, 0],
                           [[3], []], [None, None])
         assert out[0] == [3, 3], top
+
+
+def test_a_greedy_request_beside_a_random_one_reads_the_logits_not_their_softmax():
+    """Two logits 1e-45 apart round to one probability: plain greedy decoding (the logits'
+    argmax) takes the larger, later token 9, and so must a greedy request whose drafts are
+    verified beside a random request (before, the probabilities' first maximum, token 5)."""
+    from specserve.sample.emit import emit_tokens
+    from specserve.sampling_params import SamplingParams
+
+    logits = torch.zeros(3, 50)
+    logits[:2, 5] = 0.0
+    logits[:2, 9] = torch.finfo(torch.float32).tiny * 1e-3  # a denormal above 0
+    logits[:2, 20:] = -1.0
+    assert torch.softmax(logits[0], -1)[5] == torch.softmax(logits[0], -1)[9]
+    greedy = SamplingParams(temperature=0.0)
+    alone = emit_tokens(logits[:2], [greedy], [None], [1], [[9]], [None])
+    assert alone == [[9, 9]]  # accepted, then the bonus token
+    mixed = emit_tokens(logits, [greedy, SamplingParams(temperature=1.0, seed=1)],
+                        [None, torch.Generator().manual_seed(1)], [1, 0], [[9], []],
+                        [None, None])
+    assert mixed[0] == alone[0]

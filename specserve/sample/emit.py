@@ -88,8 +88,10 @@ def emit_tokens(
         draft_probs = torch.cat(parts)
     draft_ids = torch.tensor([t for k, ids in zip(num_spec, spec_token_ids, strict=True)
                               for t in ids[:k]], dtype=torch.long)
+    # Greedy rows take the logits' argmax, as plain greedy decoding does (rejection_sample's
+    # target_argmax says why not the probabilities').
     output, _ = rejection_sample(draft_ids, num_spec, target_probs, draft_probs, is_greedy,
-                                 generators)
+                                 generators, argmax(logits))
     return [[t for t in row if t != PLACEHOLDER_TOKEN_ID] for row in output.tolist()]
 
 

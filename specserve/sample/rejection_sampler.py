@@ -183,6 +183,7 @@ def rejection_sample(
     draft_probs: torch.Tensor | None,
     is_greedy: torch.Tensor,
     generators: list[torch.Generator | None],
+    target_argmax: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verifies a batch of draft tokens against the target model (see the module docstring).
 
@@ -197,6 +198,11 @@ def rejection_sample(
         is_greedy: [batch] bool. Greedy requests use only the argmax of ``target_probs``.
         generators: per request, a generator (on ``target_probs``' device) for seeded
             requests, or None to use the default generator.
+        target_argmax: [num_draft_tokens + batch] the greedy token of each row, taken from the
+            logits (None: from ``target_probs``). The softmax can round two logits an ulp apart
+            into a tie, or turn a row with an infinite logit into NaN: a greedy request
+            verified beside a random one would then emit another token than plain greedy
+            decoding, which takes the logits' argmax.
 
     Returns:
         output_token_ids: [batch, max_K + 1] int64, per request the accepted draft tokens then
@@ -237,7 +243,9 @@ def rejection_sample(
     pos_of_token = torch.arange(num_draft, device=device) - draft_starts[req_of_token]
     target_row_of_token = torch.arange(num_draft, device=device) + req_of_token  # [num_draft]
 
-    target_argmax = argmax(target_probs)  # [num_draft + batch]
+    if target_argmax is None:
+        target_argmax = argmax(target_probs)  # [num_draft + batch]
+    target_argmax = target_argmax.to(device)
     accept_greedy = draft_token_ids == target_argmax[target_row_of_token]  # [num_draft]
     all_greedy = bool(is_greedy.all())
     # A greedy request never draws from its own generator (alone it would draw nothing).
