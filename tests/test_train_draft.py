@@ -231,6 +231,20 @@ def test_draft_for_another_target_is_refused(trained, tmp_path):
         LLM(str(other_tok), dtype="float32", speculative_config=spec)
 
 
+def test_a_draft_whose_head_ids_do_not_fit_its_head_is_refused(trained, tmp_path):
+    """A repeated id would under-report the draft's q for that token (accepted too often); a
+    list of another length reads every guess with the wrong token."""
+    target, outcome = trained
+    for name, edit in (("repeat", lambda ids: [ids[0]] + ids[:-1]), ("name", lambda ids: ids[1:]),
+                       ("out of the vocabulary", lambda ids: ids[:-1] + [10**6])):
+        draft = shutil.copytree(outcome.path, tmp_path / name.replace(" ", "-"))
+        ids = json.loads((draft / "head_ids.json").read_text())
+        (draft / "head_ids.json").write_text(json.dumps(edit(ids)))
+        with pytest.raises(ValueError, match=name):
+            LLM(str(target), dtype="float32",
+                speculative_config={"method": "draft", "model": str(draft)})
+
+
 def test_qwen2_target_round_trips(tmp_path):
     """Attention biases survive saving as a llama config (a few steps, no time budget)."""
     target = make_tiny_model(tmp_path / "qwen", arch="qwen2", num_layers=2, seed=4)

@@ -21,6 +21,18 @@ from specserve.sample.rejection_sampler import sample_from_probs
 from specserve.sample.sampler import compute_probs
 
 
+def check_head_ids(head_ids: torch.Tensor, rows: int, vocab_size: int, where: str) -> None:
+    """A reduced head's ids must name each row's token once, within the vocabulary: a repeated
+    id would under-report q for its token (index_copy_ keeps one row), which rejection sampling
+    would then accept too often (a hand-edited or mismatched head_ids.json)."""
+    if head_ids.dim() != 1 or len(head_ids) != rows:
+        raise ValueError(f"{where}: head ids name {len(head_ids)} tokens for a head of {rows} rows")
+    if len(head_ids) and not (0 <= int(head_ids.min()) and int(head_ids.max()) < vocab_size):
+        raise ValueError(f"{where}: head ids out of the vocabulary [0, {vocab_size})")
+    if len(torch.unique(head_ids)) != len(head_ids):
+        raise ValueError(f"{where}: head ids repeat a token")
+
+
 def reduced_head(weight: torch.Tensor) -> nn.Linear:
     """An LM head with weight's rows ([V', hidden]), in weight's dtype."""
     head = nn.Linear(weight.shape[1], weight.shape[0], bias=False, dtype=weight.dtype)

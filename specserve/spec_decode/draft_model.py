@@ -38,7 +38,7 @@ from specserve.models.llama import build_model
 from specserve.models.loader import load_model
 from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.spec_decode.config import SpeculativeConfig
-from specserve.spec_decode.draft_head import draft_tokens, reduced_head
+from specserve.spec_decode.draft_head import check_head_ids, draft_tokens, reduced_head
 from specserve.spec_decode.model_proposer import ModelProposer, ProposerSeq, stack_probs
 from specserve.spec_decode.proposer import Proposal
 
@@ -100,6 +100,7 @@ class DraftModelProposer(ModelProposer):
                                      device)
             self.model.lm_head = reduced_head(head.to(device))
             self.head_ids = torch.tensor(loaded.head_token_ids, dtype=torch.long)
+            check_head_ids(self.head_ids, head.shape[0], cfg.vocab_size, str(spec.model))
         else:
             self.model = build_model(cfg, sd, dtype, device)
         shared = 0

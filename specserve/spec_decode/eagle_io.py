@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from specserve.config import ModelConfig
 from specserve.models.shared_embedding import draft_embedding, embedding_probe
+from specserve.spec_decode.draft_head import check_head_ids
 from specserve.spec_decode.eagle_head import EagleHead
 from specserve.train.whole_dir import written_whole
 
@@ -91,6 +92,9 @@ def load_eagle(path: str | Path, cfg: ModelConfig, embed_tokens: torch.nn.Embedd
     ids_file = path / HEAD_IDS_FILE
     head_ids = (torch.tensor(json.loads(ids_file.read_text()), dtype=torch.long)
                 if ids_file.is_file() else None)
+    if head_ids is not None:
+        check_head_ids(head_ids, meta.get("head_vocab_size", len(head_ids)), c.vocab_size,
+                       str(path))
     # Heads saved before fused features (session 11) read the final feature only.
     layers = tuple(meta.get("feature_layers", ()))
     try:
