@@ -509,6 +509,77 @@ def test_random_speculative_sampling_matches_the_target(tmp_path, temperature, t
     assert stat > _chi2_critical(df)
 
 
+def _penalised_probs(model, prefixes: torch.Tensor, num_prompt: int, temperature: float,
+                     penalty: float) -> torch.Tensor:
+    """OpenAI's frequency and presence penalties (both `penalty`) over each prefix's output
+    tokens (those after the first num_prompt), then temperature: what the engine samples
+    from."""
+    with torch.inference_mode():
+        logits = model(prefixes).logits[:, -1].double()
+    counts = torch.zeros_like(logits)
+    if prefixes.shape[1] > num_prompt:
+        counts.scatter_add_(1, prefixes[:, num_prompt:], torch.ones_like(
+            prefixes[:, num_prompt:], dtype=counts.dtype))
+    logits = logits - penalty * counts - penalty * (counts > 0)
+    return (logits / temperature).softmax(-1)
+
+
+@pytest.mark.parametrize("penalty", [0.0, 1.5])
+def test_random_sampling_with_ngram_drafts_matches_the_target(tmp_path, penalty):
+    """n-gram drafts are point masses: an accepted guess, a recovered token drawn from p
+    without the guess, a bonus token, here under frequency and presence penalties (the first
+    token's output counts in the second's row). The first three tokens' frequencies against the
+    exact target distribution, end to end. (Whether a row counts the guesses before it is left
+    to test_penalties.py: here too few rows follow an accepted guess to see it.)"""
+    from transformers import AutoModelForCausalLM
+
+    target_dir = make_tiny_model(tmp_path / "target", seed=11, logit_scale=5.0)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    # The target's own greedy text (a random model soon cycles): the look-up guesses what it
+    # wrote before in the same place, which it samples again often enough for every path.
+    with torch.inference_mode():
+        prompt = target.generate(torch.tensor([[5, 9]]), max_new_tokens=40, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)[0].tolist()
+    n, temperature = 12000, 0.8
+    m = len(prompt)
+    p1 = _penalised_probs(target, torch.tensor([prompt]), m, temperature, penalty)[0]
+    p2 = _penalised_probs(target, torch.tensor([prompt + [a] for a in range(VOCAB)]), m,
+                          temperature, penalty)
+    llm = LLM(str(target_dir), dtype="float32", kv_cache_memory=128 << 20, max_num_seqs=256,
+              speculation_policy="static",
+              speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                  "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+    params = SamplingParams(temperature=temperature, frequency_penalty=penalty,
+                            presence_penalty=penalty, max_tokens=4, ignore_eos=True)
+    outs = llm.generate([prompt] * n, params)
+    stats = llm.get_stats()
+    assert stats["num_draft_tokens"] > n // 4, stats  # many requests drafted
+    assert 0.05 < stats["acceptance_rate"] < 0.95, stats  # accepted and recovered paths ran
+    counts: dict = {}
+    for o in outs:
+        key = tuple(o.outputs[0].token_ids[:2])
+        counts[key] = counts.get(key, 0) + 1
+    probs = {(a, b): float(p1[a] * p2[a, b]) for a in range(VOCAB) for b in range(VOCAB)}
+    stat, df = _chi2(counts, probs, n)
+    assert stat < _chi2_critical(df), (stat, df)
+    # The third token: its row is verified with the second's guess as history (the penalty
+    # must count the guess as output there).
+    p3 = _penalised_probs(target, torch.tensor([prompt + [a, b] for a in range(VOCAB)
+                                                for b in range(VOCAB)]), m, temperature, penalty)
+    third = (p1[:, None, None] * p2[:, :, None] * p3.view(VOCAB, VOCAB, VOCAB)).sum((0, 1))
+    third_counts: dict = {}
+    for o in outs:
+        third_counts[o.outputs[0].token_ids[2]] = third_counts.get(o.outputs[0].token_ids[2], 0) + 1
+    stat, df = _chi2(third_counts, {t: float(third[t]) for t in range(VOCAB)}, n)
+    assert stat < _chi2_critical(df), (stat, df)
+    if penalty:  # the control: the unpenalised distribution fails the same check
+        plain2 = _penalised_probs(target, torch.tensor([prompt + [a] for a in range(VOCAB)]), m,
+                                  temperature, 0.0)
+        stat, df = _chi2(counts, {(a, b): float(p1[a] * plain2[a, b])
+                                  for a in range(VOCAB) for b in range(VOCAB)}, n)
+        assert stat > _chi2_critical(df)
+
+
 def _ngram_scan(tokens: np.ndarray, k: int, n_min: int, n_max: int) -> tuple[list[int], int]:
     """The reference: a scan of the whole history for the latest earlier occurrence of the
     longest matching suffix n-gram (n_max >= n >= n_min), and that n. tokens: [num_tokens]
