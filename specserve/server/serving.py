@@ -100,6 +100,8 @@ class OpenAIServing:
         # LoRA adapters served beside the base model, by the name a request's `model` gives
         # (vLLM's --lora-modules), already loaded into the engine.
         self.loras = loras or {}
+        self._lora_ids = 0  # the last id given to an adapter loaded at run time
+        self._loading: set[str] = set()  # names whose adapters are being read
         self.model_name = model_name
         # How tool_choice "auto" reads the model's calls (None: such requests are refused),
         # and how a reply's reasoning is told from its answer (None: it is not).
@@ -356,13 +358,18 @@ class OpenAIServing:
     # ---- vLLM's runtime LoRA endpoints (api_server.lora_router) --------------------------------
     async def load_lora(self, req: LoadLoRAAdapterRequest) -> Response:
         name = req.lora_name
-        if name in self.loras or name in self._names:
+        if name in self.loras or name in self._names or name in self._loading:
             raise APIError(400, f"The lora adapter '{name}' has already been loaded.",
                            param="lora_name")
-        lora = LoRARequest(name, max((r.lora_int_id for r in self.loras.values()), default=0)
-                           + 1, req.lora_path)
-        with _refused_as_400():  # read on a worker thread: the streams go on meanwhile
-            await asyncio.to_thread(self.engine.engine.add_lora, lora)
+        # An id taken before the load is awaited: two loads at once get two ids.
+        self._lora_ids = max(self._lora_ids, *(r.lora_int_id for r in self.loras.values())) + 1
+        lora = LoRARequest(name, self._lora_ids, req.lora_path)
+        self._loading.add(name)  # a second load of the name meanwhile is refused
+        try:
+            with _refused_as_400():  # read on a worker thread: the streams go on meanwhile
+                await asyncio.to_thread(self.engine.engine.add_lora, lora)
+        finally:
+            self._loading.discard(name)
         self.loras[name] = lora
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
