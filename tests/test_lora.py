@@ -109,7 +109,7 @@ def test_lora_batch_adds_each_rows_own_update():
 
     a, b = adapter(1), adapter(2)
     spans = [(a, 0, 2), (None, 2, 3), (b, 3, 4), (a, 4, 7), (b, 7, 7), (None, 7, 9)]
-    batch = LoRABatch.build(spans, 9, torch.device("cpu"))
+    batch = LoRABatch.build(spans, torch.device("cpu"))
     x, y = torch.randn(9, 8), torch.randn(9, 5)
     expected = y.clone()
     for adapter_, start, end in spans:
@@ -118,7 +118,7 @@ def test_lora_batch_adds_each_rows_own_update():
             expected[start:end] += x[start:end] @ u.a @ u.b
     torch.testing.assert_close(batch.add(y.clone(), x, 0, "o_proj"), expected)
     assert torch.equal(batch.add(y.clone(), x, 0, "qkv_proj"), y)  # no update for that linear
-    assert LoRABatch.build([(None, 0, 9)], 9, torch.device("cpu")) is None
+    assert LoRABatch.build([(None, 0, 9)], torch.device("cpu")) is None
 
 
 def test_rslora_rank_pattern_and_qwen2_give_pefts_tokens(tiny, tmp_path):
@@ -212,6 +212,17 @@ def test_an_id_given_to_other_weights_is_not_served_the_old_adapters_kv(tiny):
     got = tokens(llm.generate([prompt], GREEDY, lora_request=as_b))
     assert llm.get_stats()["prefix_cache_hits"] == hits
     assert got == tokens(engine(tiny).generate([prompt], GREEDY, lora_request=tiny["b"]))
+
+
+def test_the_server_path_never_reads_an_adapter_on_the_engine_thread(tiny):
+    """An adapter unloaded while a request for it waited is refused, not read from disk by the
+    engine thread (every running request would wait for it)."""
+    llm = engine(tiny)
+    with pytest.raises(ValueError, match="not loaded"):
+        llm.engine.add_request(PROMPTS[0], GREEDY, lora_request=tiny["a"], load_lora=False)
+    assert llm.engine.list_loras() == set()
+    llm.engine.add_lora(tiny["a"])
+    llm.engine.add_request(PROMPTS[0], GREEDY, lora_request=tiny["a"], load_lora=False)
 
 
 def _write_config(path: Path, **changes) -> None:
@@ -354,6 +365,16 @@ def test_adapters_load_and_unload_at_run_time(server, tiny):
     assert complete("c").status_code == 404
     assert httpx.post(f"{server.url}/v1/unload_lora_adapter",
                       json={"lora_name": "c"}).status_code == 404
+    # With none left, as on a server started without --lora-modules (that load was a 500).
+    for name in ("a", "b"):
+        assert httpx.post(f"{server.url}/v1/unload_lora_adapter",
+                          json={"lora_name": name}).status_code == 200
+    assert httpx.get(f"{server.url}/v1/models").json()["data"][1:] == []
+    assert load("a", tiny["a"].lora_path).status_code == 200
+    assert load("b", tiny["b"].lora_path).status_code == 200
+    body = complete("a").json()
+    assert [int(t.split(":")[1]) for t in body["choices"][0]["logprobs"]["tokens"]] == \
+        tiny["expected"]["a"][0]
 
 
 @pytest.mark.parametrize(("flags", "error"), [

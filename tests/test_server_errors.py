@@ -486,15 +486,15 @@ def test_serve_refuses_out_of_range_flags(flag, capsys):
 def test_serve_refuses_auto_tool_choice_without_a_parser(caplog):
     import argparse
 
-    from specserve.server.cli import add_serve_args, check_tool_flags
+    from specserve.server.cli import add_serve_args, check_serve_flags
 
     parser = argparse.ArgumentParser()
     add_serve_args(parser)
     with pytest.raises(SystemExit, match="--tool-call-parser"):
-        check_tool_flags(parser.parse_args(["--enable-auto-tool-choice"]))
-    check_tool_flags(parser.parse_args(["--enable-auto-tool-choice", "--tool-call-parser",
+        check_serve_flags(parser.parse_args(["--enable-auto-tool-choice"]))
+    check_serve_flags(parser.parse_args(["--enable-auto-tool-choice", "--tool-call-parser",
                                         "hermes"]))
-    check_tool_flags(parser.parse_args(["--tool-call-parser", "hermes"]))  # as vLLM: starts
+    check_serve_flags(parser.parse_args(["--tool-call-parser", "hermes"]))  # as vLLM: starts
     assert "read only with --enable-auto-tool-choice" in caplog.text
 
 

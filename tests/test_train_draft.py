@@ -428,6 +428,9 @@ def test_a_draft_directory_is_replaced_whole_or_not_at_all(tmp_path):
     with pytest.raises(ValueError, match="not a specserve draft"), written_whole(other):
         pass
     assert (other / "todo.txt").read_text() == "keep me"
+    # train-draft checks its --out before it generates any data or loads the target
+    with pytest.raises(ValueError, match="not a specserve draft"):
+        train_draft("/nonexistent/target", [], other, DistillConfig())
 
 
 def _tiny_loop(fake_clock, tick: float, **cfg):
@@ -456,7 +459,7 @@ def test_max_steps_makes_the_run_the_same_on_a_slow_or_fast_machine(fake_clock):
 
 
 def test_a_budget_that_ends_before_the_first_step_is_an_error(fake_clock):
-    with pytest.raises(ValueError, match="before the first training step"):
+    with pytest.raises(ValueError, match="no training step was made"):
         _tiny_loop(fake_clock, 10.0, minutes=0.1)
 
 

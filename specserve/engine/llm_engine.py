@@ -263,12 +263,15 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, stream: bool = False,
                     arrival_time: float | None = None, priority: int = 0,
-                    lora_request: LoRARequest | None = None) -> Request:
+                    lora_request: LoRARequest | None = None, load_lora: bool = True
+                    ) -> Request:
         """Validate and queue a request. Raises ValueError for bad input; nothing else changes.
         arrival_time (time.perf_counter()): when it reached the front end, if earlier than now
         (the server's: its queue time and TTFT then count the wait for the engine thread).
         priority: vLLM's; lower is served first, under scheduling_policy="priority" only.
-        lora_request: the adapter to run it with (loaded on first use; enable_lora)."""
+        lora_request: the adapter to run it with (loaded on first use; enable_lora). With
+        load_lora=False (the server, whose adapters are loaded beforehand) an adapter that is
+        not loaded is refused: reading one here would stall every running request."""
         # A copy, normalised and validated again (a `stop` string set after construction
         # becomes a list): the request must not change with the caller's object either.
         params = dataclasses.replace(params) if params is not None \
@@ -309,14 +312,11 @@ class LLMEngine:
             self._next_id += 1
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        # Last of the checks: a request refused for anything else loads no adapter.
-        adapter = self.add_lora(lora_request) if lora_request is not None else None
         req = Request(request_id, token_ids, params, self.model_config.eos_token_ids,
                       prompt_text, self.max_model_len)
         if arrival_time is not None:
             req.arrival_time = min(arrival_time, req.arrival_time)
         req.priority = priority
-        req.lora = adapter
         if params.bad_words:
             req.bad_words = BadWords(bad_words_token_ids(self.tokenizer, params.bad_words,
                                                          vocab))
@@ -326,6 +326,9 @@ class LLMEngine:
             if (after := params.structured_outputs.starts_after) is not None:
                 req.grammar_after = after.encode()
         req.stream = stream or bool(params.stop)
+        if lora_request is not None:  # last: a request refused for anything else loads none
+            req.lora = self.add_lora(lora_request) if load_lora else self._loaded_lora(
+                lora_request)
         self.requests[request_id] = req
         self.scheduler.add_request(req)
         return req
@@ -340,7 +343,7 @@ class LLMEngine:
                              "(--enable-lora)")
         known = self.loras.get(lora_request.lora_int_id)
         if known is not None:
-            if known.request.lora_path != lora_request.lora_path:
+            if not _same_path(known.request.lora_path, lora_request.lora_path):
                 raise ValueError(f"lora_int_id {lora_request.lora_int_id} is already "
                                  f"{known.request.lora_path!r}, not {lora_request.lora_path!r}")
             return known
@@ -350,6 +353,13 @@ class LLMEngine:
         logger.info("LoRA adapter %r (id %d, rank %d, %.1f MiB) from %s", lora_request.lora_name,
                     lora_request.lora_int_id, adapter.rank, adapter.nbytes / 2**20,
                     lora_request.lora_path)
+        return adapter
+
+    def _loaded_lora(self, lora_request: LoRARequest) -> LoRAAdapter:
+        adapter = self.loras.get(lora_request.lora_int_id)
+        if adapter is None:
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r} is not loaded (unloaded "
+                             "meanwhile?)")
         return adapter
 
     def remove_lora(self, lora_int_id: int) -> bool:
@@ -696,3 +706,7 @@ def _only_argmax(sampling: list[tuple[Request, int]]) -> bool:
     return all(r.params.is_greedy and r.params.logprobs is None and not r.processes_logits
                and r.grammar is None and r.params.min_tokens <= r.num_output_tokens
                for r, _ in sampling)
+
+
+def _same_path(a: str, b: str) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()

@@ -161,7 +161,7 @@ class ModelRunner:
         if self.lora_enabled:
             meta.lora = LoRABatch.build(
                 [(getattr(r, "lora", None), query_start[i], query_start[i] + n)
-                 for i, (r, n) in enumerate(scheduled)], len(ids), self.device)
+                 for i, (r, n) in enumerate(scheduled)], self.device)
         inputs = StepInputs(torch.tensor(ids, dtype=torch.long),
                             torch.from_numpy(np.concatenate(positions)), meta, order, query_start)
         return inputs if self.device.type == "cpu" else self._to_device(inputs)

@@ -25,7 +25,7 @@ class LoRABatch:
         self.groups = groups  # (adapter, its rows: a slice or an index tensor)
 
     @classmethod
-    def build(cls, spans: Sequence[tuple[LoRAAdapter | None, int, int]], num_rows: int,
+    def build(cls, spans: Sequence[tuple[LoRAAdapter | None, int, int]],
               device: torch.device) -> LoRABatch | None:
         """spans: (adapter or None, first row, end row) of each request; None when no row runs
         an adapter (the step then runs as it would without LoRA)."""

@@ -195,7 +195,7 @@ def rejection_sample(
             processed with the request's temperature / top-k / top-p.
         draft_probs: [num_draft_tokens, V] float, the proposer's distribution at each draft
             position, or None for a proposer without one (each draft is then a point mass).
-        is_greedy: [batch] bool. Greedy requests use only the argmax of ``target_probs``.
+        is_greedy: [batch] bool. Greedy requests use only each row's argmax (target_argmax).
         generators: per request, a generator (on ``target_probs``' device) for seeded
             requests, or None to use the default generator.
         target_argmax: [num_draft_tokens + batch] the greedy token of each row, taken from the

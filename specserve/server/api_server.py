@@ -279,11 +279,11 @@ def run_server(args: argparse.Namespace) -> None:
     shutdown, which ends the engine loop; then we exit 0."""
     from specserve.cli import engine_kwargs
     from specserve.llm import build_engine_config
-    from specserve.server.cli import check_tool_flags
+    from specserve.server.cli import check_serve_flags
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    check_tool_flags(args)  # before the model loads
+    check_serve_flags(args)  # before the model loads
     engine = LLMEngine(build_engine_config(args.model, **engine_kwargs(args)))
     logger.info("loaded %s in %.1fs: %d KV blocks", engine.model_name, engine.load_time,
                 engine.block_manager.num_blocks)

@@ -471,7 +471,7 @@ class AsyncEngine:
                                         stream=command.stream_text,
                                         arrival_time=command.output._arrival,
                                         priority=command.priority,
-                                        lora_request=command.lora_request)
+                                        lora_request=command.lora_request, load_lora=False)
                 added.append(rid)
         except Exception as exc:  # all or none: take back the ones already queued
             for rid in added:

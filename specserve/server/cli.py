@@ -67,7 +67,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--access-log", action="store_true", help="log every HTTP request")
 
 
-def check_tool_flags(args: argparse.Namespace) -> None:
+def check_serve_flags(args: argparse.Namespace) -> None:
     """Refuse, before the model loads, a tool or LoRA flag that would do nothing."""
     names = [name for name, _ in args.lora_modules or ()]
     if names and not args.enable_lora:

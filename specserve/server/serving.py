@@ -362,7 +362,7 @@ class OpenAIServing:
             raise APIError(400, f"The lora adapter '{name}' has already been loaded.",
                            param="lora_name")
         # An id taken before the load is awaited: two loads at once get two ids.
-        self._lora_ids = max(self._lora_ids, *(r.lora_int_id for r in self.loras.values())) + 1
+        self._lora_ids = max([self._lora_ids, *(r.lora_int_id for r in self.loras.values())]) + 1
         lora = LoRARequest(name, self._lora_ids, req.lora_path)
         self._loading.add(name)  # a second load of the name meanwhile is refused
         try:
@@ -389,8 +389,10 @@ class OpenAIServing:
                                 "priority", param="priority")
 
     def served_name(self, req: Any) -> str:
-        """The model a response names: the adapter the request asked for, else the base."""
-        return req.model if req.model in self.loras else self.model_name
+        """The model a response names: the adapter the request asked for (check_model let
+        through no other name; the adapter may be unloaded meanwhile), else the base."""
+        return req.model if req.model is not None and req.model not in self._names \
+            else self.model_name
 
     def _check_length(self, num_prompt_tokens: int, max_tokens: int | None) -> None:
         """Refuse up front what cannot fit, rather than silently cutting the output short."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from specserve.server.cli import positive_int
+
 
 def add_train_parser(subparsers) -> None:
     p = subparsers.add_parser(
@@ -44,7 +46,7 @@ def add_train_parser(subparsers) -> None:
                         "feature, e.g. 2,14 (default: a low and a middle one; none: the final "
                         "feature only)")
     p.add_argument("--eval-every", type=int, default=20, help="steps between evaluations")
-    p.add_argument("--max-steps", type=int, default=None,
+    p.add_argument("--max-steps", type=positive_int, default=None,
                    help="stop after this many steps (the budget still applies); the learning "
                         "rate then follows the steps, not the clock, so the same seed gives the "
                         "same draft on any machine")

@@ -152,12 +152,12 @@ def train_within_budget(params: Sequence[torch.nn.Parameter], batches: list[list
             run_eval(step)
         progress.update(start, step, result.history[-1]["loss"],
                         result.history[-1]["held_out_agreement"])
-    if step == 0 and cfg.max_steps != 0:
+    if step == 0:
         # An untrained draft saved, and cached by the lab, as a trained one would be worse
         # than no answer.
-        raise ValueError(f"the {cfg.minutes:g}-minute budget ended before the first training "
-                         f"step (the first held-out evaluation took {eval_cost:.0f} s): raise "
-                         "--minutes or use fewer held-out prompts")
+        raise ValueError(f"no training step was made: the {cfg.minutes:g}-minute budget ended "
+                         f"before the first (the first held-out evaluation took {eval_cost:.0f} "
+                         "s), or max_steps is 0; raise --minutes or use fewer held-out prompts")
     result.steps = step
     result.train_time = time.perf_counter() - start
     return result

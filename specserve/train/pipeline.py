@@ -24,12 +24,14 @@ from specserve.train.eagle import EagleConfig, EagleResult, agreement, eagle_rep
 from specserve.train.loop import autocast
 from specserve.train.report import acceptance_report, format_report
 from specserve.train.save import calibration_sample, save_draft
+from specserve.train.whole_dir import check_draft_dir
 
 # Bumped, per method, when the training recipe changes enough that cached drafts should be
 # retrained: 2 = several replies per training prompt, bf16 teacher and autocast (session 3);
 # eagle 3 = fused layer features and a short training context (session 11); draft 3 = a sample
-# of the training sequences saved for int4 calibration (session 20).
-RECIPE = {"draft": 3, "eagle": 3}
+# of the training sequences saved for int4 calibration (session 20); 4 = the end-of-sequence
+# ids always in the reduced head (session 48).
+RECIPE = {"draft": 4, "eagle": 4}
 
 
 @dataclass(slots=True)
@@ -111,6 +113,7 @@ def _report(method: str, loaded, cfg, data_cfg: DataConfig, data: DraftData,
 def train_draft(target: str | None, items: Sequence[PromptItem], out: str | Path,
                 cfg: DistillConfig, data_cfg: DataConfig | None = None,
                 num_threads: int | None = None, source: str = "") -> TrainOutcome:
+    check_draft_dir(Path(out).expanduser())  # before the run, not after it
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
     data, loaded, model = _data_and_target(
@@ -145,6 +148,7 @@ def summary(outcome: TrainOutcome) -> str:
 def train_eagle_head(target: str | None, items: Sequence[PromptItem], out: str | Path,
                      cfg: EagleConfig, data_cfg: DataConfig | None = None,
                      num_threads: int | None = None, source: str = "") -> TrainOutcome:
+    check_draft_dir(Path(out).expanduser())  # before the run, not after it
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
     data, loaded, model = _data_and_target(

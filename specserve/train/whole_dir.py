@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -29,24 +30,40 @@ def _is_draft_dir(path: Path) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def written_whole(out: Path) -> Iterator[Path]:
-    """A fresh directory to write into; on success it replaces out. out must be new, empty or
-    an earlier draft (ValueError otherwise: its other files would be deleted with it)."""
+def check_draft_dir(out: Path) -> None:
+    """Raise ValueError unless out is new, empty or an earlier draft: written_whole replaces
+    it, and another directory's files would go with it. Called before training as well, so
+    that a wrong --out fails before the run, not after it."""
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not _is_draft_dir(out))):
         raise ValueError(f"{out} holds files that are not a specserve draft: save the draft "
                          "to a new or empty directory")
+
+
+@contextlib.contextmanager
+def written_whole(out: Path) -> Iterator[Path]:
+    """A fresh directory to write into; on success it replaces out (check_draft_dir's rule).
+    A run killed between the two renames leaves no draft rather than a mix."""
+    check_draft_dir(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    tmp.chmod(0o777 & ~umask)  # as mkdir would make it (mkdtemp makes it private)
+    old: Path | None = None  # where the earlier draft waits while the new one moves in
     try:
         yield tmp
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            out.rename(old / out.name)
+        try:
+            tmp.rename(out)
+        except BaseException:
+            if old is not None:  # put the earlier draft back
+                (old / out.name).rename(out)
+            raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        out.rename(old / out.name)
-    tmp.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
