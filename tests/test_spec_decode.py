@@ -393,6 +393,15 @@ def test_a_draft_with_a_shorter_context_drafts_only_within_it(tmp_path):
                                    "num_speculative_tokens": 3})
     assert spec.generate([prompt], params)[0].outputs[0].token_ids == want
     assert 0 < spec.get_stats()["num_draft_tokens"] < 40
+    # Past the draft's context a running request gives its draft blocks back at once.
+    engine, draft = spec.engine, spec.engine.proposer
+    req = engine.add_request(prompt, params)
+    while req.num_tokens < 30:
+        engine.step()
+    assert draft.block_manager.num_free_blocks == draft.block_manager.num_blocks
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert req.output_token_ids == want
 
 
 def test_a_draft_model_catches_up_a_long_prompt_in_chunks(tmp_path):

@@ -85,6 +85,10 @@ class SpeculationPlanner:
                 continue  # still in prefill
             if req.spec_token_ids:
                 continue  # not scheduled this step (token budget): its guesses still wait
+            if self.max_model_len - req.num_tokens - 1 <= 0:
+                # Past the proposer's context (a draft model's may end before the target's)
+                # for good: what it holds for req goes back now, not when req ends.
+                self.proposer.free(req)
             reqs.append(req)
             req.spec_evidence = 0  # set again where this step's guesses are looked up
             caps.append(draft_room(req, self.max_model_len))
