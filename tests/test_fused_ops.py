@@ -111,6 +111,16 @@ def test_rope_write_kv_into_8bit_pools(dtype, kv_dtype):
                  (fast.v_scale, ref.v_scale)):
         assert torch.equal(a, b)
     assert fast.k.any() and fast.v_scale.any()
+    # A head holding a NaN (activations that overflowed) gets a NaN scale from both writers,
+    # not a finite one that would hide it; the other heads are as before.
+    qkv[1, -D // 2] = float("nan")
+    fast, ref = (LayerKVCache(128, KVH, D, kv_dtype, dtype) for _ in range(2))
+    fused.rope_write_kv(qkv, cos, sin, slots, fast, H)
+    fused.rope_write_kv_ref(qkv, cos, sin, slots, ref, H)
+    nan = ref.v_scale.isnan()
+    assert nan.sum() == 1 and torch.equal(fast.v_scale.isnan(), nan)
+    assert torch.equal(fast.v_scale[~nan], ref.v_scale[~nan])
+    assert torch.equal(fast.k, ref.k) and torch.equal(fast.k_scale, ref.k_scale)
 
 
 def test_rope_write_kv_refuses_a_slot_outside_the_cache():

@@ -261,15 +261,22 @@ template <typename T, typename C>
 void quantize_head(const T* __restrict x, C* __restrict out, uint16_t* __restrict scale_out,
                    int64_t D) {
   constexpr bool kInt8 = std::is_same<C, int8_t>::value;
+  // A NaN in the row makes the scale NaN, as torch's amax and clamp do in quantize_kv (and
+  // the row reads back as NaN), rather than a finite scale that hides it.
   float amax = 0.f;
-  for (int64_t d = 0; d < D; ++d) amax = std::max(amax, std::fabs(f32(x[d])));
-  const c10::BFloat16 scale(std::max(amax / (kInt8 ? 127.f : 448.f), 1e-12f));
+  for (int64_t d = 0; d < D; ++d) {
+    const float a = std::fabs(f32(x[d]));
+    amax = (a > amax || std::isnan(a)) && !std::isnan(amax) ? a : amax;
+  }
+  const float floor_scale = amax / (kInt8 ? 127.f : 448.f);
+  const c10::BFloat16 scale(std::isnan(floor_scale) ? floor_scale : std::max(floor_scale, 1e-12f));
   *scale_out = scale.x;
   const float sf = static_cast<float>(scale);
   for (int64_t d = 0; d < D; ++d) {
     const float y = f32(x[d]) / sf;
     if constexpr (kInt8) {
-      out[d] = static_cast<int8_t>(std::clamp(std::nearbyint(y), -127.f, 127.f));
+      // NaN has no int8 value (the cast would be undefined); the NaN scale carries it.
+      out[d] = std::isnan(y) ? 0 : static_cast<int8_t>(std::clamp(std::nearbyint(y), -127.f, 127.f));
     } else {
       out[d] = c10::Float8_e4m3fn(y).x;
     }
