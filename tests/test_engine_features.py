@@ -283,6 +283,13 @@ def test_min_tokens_keeps_stops_from_being_sampled(llm):
     counting = SamplingParams(temperature=0, max_tokens=60, stop=[","], min_tokens=6)
     out = llm.generate(["1, 2, 3, 4,"], counting)[0].outputs[0]
     assert out.finish_reason == "stop" and len(out.token_ids) >= 6 and "," in out.text
+    # A stop string in the first min_tokens tokens, here the very first, ends nothing: with
+    # min_tokens=1 the reply is not empty (as a stop token may not be the first either).
+    first = llm.generate(["1, 2, 3, 4,"], SamplingParams(temperature=0, max_tokens=8))[0]
+    text = tok.decode(first.outputs[0].token_ids[:1])
+    out = llm.generate(["1, 2, 3, 4,"], SamplingParams(temperature=0, max_tokens=8, stop=[text],
+                                                       min_tokens=1))[0].outputs[0]
+    assert out.text.startswith(text) and len(out.token_ids) > 1
 
 
 def test_prompt_logprobs_survive_chunks_preemption_and_n(llm):

@@ -71,8 +71,9 @@ def check_stop(req: Request, token: int, tokenizer, eos_token_ids: tuple[int, ..
         return RequestStatus.FINISHED_STOPPED
     if req.stream:
         delta = detokenize_incrementally(tokenizer, req)
-        # No stop string ends a request before min_tokens either (vLLM's rule).
-        if delta and req.params.stop and req.num_output_tokens >= req.params.min_tokens:
+        # Nor does a stop string end it within its first min_tokens tokens: as a stop token,
+        # it must come after them (vLLM V1's `len(output) > min_tokens`).
+        if delta and req.params.stop and req.num_output_tokens > req.params.min_tokens:
             end = find_stop_string(req, len(delta))
             if end is not None:
                 req.output_text = req.output_text[:end]
