@@ -297,6 +297,16 @@ def test_stop_strings_streamed_and_not(client: openai.OpenAI, llm):
     # Streaming holds back text that could be the start of the stop string.
     streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw))
     assert streamed == expected
+    # vLLM's stop_reason names the string, in every shape (a streamed chat's last chunk too).
+    assert resp.choices[0].stop_reason == stop
+    chat = dict(model=MODEL, messages=CHAT, max_tokens=24, temperature=0,
+                extra_body={"ignore_eos": True})
+    reply = client.chat.completions.create(**chat).choices[0].message.content
+    chat["stop"] = [reply[len(reply) // 2:][:3]]
+    whole = client.chat.completions.create(**chat).choices[0]
+    last = list(client.chat.completions.create(stream=True, **chat))[-1].choices[0]
+    assert whole.finish_reason == last.finish_reason == "stop"
+    assert whole.stop_reason == last.stop_reason == chat["stop"][0]
 
 
 def test_n_seed_and_logprobs(client: openai.OpenAI):

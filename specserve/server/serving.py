@@ -558,7 +558,8 @@ class OpenAIServing:
                               function=DeltaFunctionCall(name=p.name, arguments=p.arguments))
                 for p in calls] or None)
             yield chunk([ChatStreamChoice(index=i, delta=delta, logprobs=logprobs,
-                                          finish_reason=finish_reason)],
+                                          finish_reason=finish_reason,
+                                          stop_reason=c.stop_reason if out.finished else None)],
                         _usage_info(num_tokens))
         if req.include_usage:
             yield chunk([], _usage(num_prompt_tokens, final, req.n))
