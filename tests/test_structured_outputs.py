@@ -351,3 +351,19 @@ def test_cli_generate_takes_structured_outputs(capsys):
     assert reply in CHOICES
     with pytest.raises(SystemExit, match="regexp"):
         main(["generate", "--prompt", "x", "--structured-outputs", '{"regexp": "a"}'])
+
+
+def test_a_grammar_compiled_off_the_engine_thread_is_not_compiled_again(llm, monkeypatch):
+    """The server compiles a request's grammar on a worker thread and hands it over: the engine
+    thread must not compile it again (the compiler's cache may have evicted it meanwhile, and a
+    large schema would stall every stream)."""
+    params = SamplingParams(temperature=0, max_tokens=4, structured_outputs=(
+        StructuredOutputsParams(choice=["yes", "no", "maybe"])))
+    compiled = llm.engine.compile_grammar(params)
+    monkeypatch.setattr(llm.engine._grammar_backend(), "compile",
+                        lambda spec: pytest.fail("compiled on the engine thread"))
+    req = llm.engine.add_request("Is water wet? Answer:", params, compiled_grammar=compiled)
+    while llm.engine.has_unfinished_requests():
+        llm.engine.step()
+    assert llm.engine.tokenizer.decode(req.output_token_ids,
+                                       skip_special_tokens=True) in ("yes", "no", "maybe")

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -263,15 +264,17 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, stream: bool = False,
                     arrival_time: float | None = None, priority: int = 0,
-                    lora_request: LoRARequest | None = None, load_lora: bool = True
-                    ) -> Request:
+                    lora_request: LoRARequest | None = None, load_lora: bool = True,
+                    compiled_grammar: Any = None) -> Request:
         """Validate and queue a request. Raises ValueError for bad input; nothing else changes.
         arrival_time (time.perf_counter()): when it reached the front end, if earlier than now
         (the server's: its queue time and TTFT then count the wait for the engine thread).
         priority: vLLM's; lower is served first, under scheduling_policy="priority" only.
         lora_request: the adapter to run it with (loaded on first use; enable_lora). With
         load_lora=False (the server, whose adapters are loaded beforehand) an adapter that is
-        not loaded is refused: reading one here would stall every running request."""
+        not loaded is refused: reading one here would stall every running request.
+        compiled_grammar: compile_grammar's result for params' structured outputs, if the
+        caller compiled it beforehand (the server, off the engine thread)."""
         # A copy, normalised and validated again (a `stop` string set after construction
         # becomes a list): the request must not change with the caller's object either.
         params = dataclasses.replace(params) if params is not None \
@@ -322,7 +325,7 @@ class LLMEngine:
                                                          vocab))
         if params.structured_outputs is not None:
             req.grammar = self._grammar_backend().matcher(params.structured_outputs,
-                                                          req.stop_token_ids)
+                                                          req.stop_token_ids, compiled_grammar)
             if (after := params.structured_outputs.starts_after) is not None:
                 req.grammar_after = after.encode()
         req.stream = stream or bool(params.stop)
@@ -376,11 +379,14 @@ class LLMEngine:
                                                self.model_config.eos_token_ids)
             return self._grammar
 
-    def compile_grammar(self, params: SamplingParams) -> None:
-        """Compile a request's structured-outputs spec into the cache, from any thread; then
-        add_request finds it compiled. Raises ValueError for a spec that does not compile."""
-        if params.structured_outputs is not None:
-            self._grammar_backend().compile(params.structured_outputs)
+    def compile_grammar(self, params: SamplingParams) -> Any:
+        """Compile a request's structured-outputs spec, from any thread, and return it for
+        add_request's compiled_grammar (the compiler's cache may have evicted it by the time
+        the request is added: compiling again there would stall the engine thread). Raises
+        ValueError for a spec that does not compile."""
+        if params.structured_outputs is None:
+            return None
+        return self._grammar_backend().compile(params.structured_outputs)
 
     def abort_request(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)

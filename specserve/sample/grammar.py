@@ -55,8 +55,10 @@ class GrammarBackend:
         import xgrammar as xgr
 
         self._xgr = xgr
+        # None for a model without EOS (xgrammar refuses an empty list): requests then end
+        # on their own stop_token_ids (matcher).
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                  stop_token_ids=list(eos_token_ids))
+                                                  stop_token_ids=list(eos_token_ids) or None)
         self._compiler = xgr.GrammarCompiler(info, max_threads=2,
                                              cache_limit_bytes=GRAMMAR_CACHE_BYTES)
         self._eos = list(eos_token_ids)
@@ -96,14 +98,17 @@ class GrammarBackend:
             raise ValueError(f"structured_outputs {spec.kind} does not compile: "
                              f"{message}") from exc
 
-    def matcher(self, spec: StructuredOutputsParams, stop_token_ids: set[int]):
-        """A fresh matcher for one request. A completed grammar lets the model's EOS and the
-        request's own stop ids end the output."""
+    def matcher(self, spec: StructuredOutputsParams, stop_token_ids: set[int],
+                compiled: Any = None):
+        """A fresh matcher for one request (over `compiled`, compile(spec)'s result, if the
+        caller has it). A completed grammar lets the model's EOS and the request's own stop
+        ids end the output."""
         stops = sorted(set(self._eos) | stop_token_ids)
         if not stops:
             raise ValueError("structured_outputs needs a stop token to end the output: the "
                              "model has no EOS and the request no stop_token_ids")
-        return self._xgr.GrammarMatcher(self.compile(spec), override_stop_tokens=stops)
+        return self._xgr.GrammarMatcher(compiled if compiled is not None else self.compile(spec),
+                                        override_stop_tokens=stops)
 
     def forced_tokens(self, req: Request, limit: int) -> list[int]:
         """Up to `limit` draft tokens for the text req's grammar forces next (none if it forces

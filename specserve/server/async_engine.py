@@ -167,6 +167,7 @@ class _Add:
     done: asyncio.Future
     priority: int = 0
     lora_request: LoRARequest | None = None
+    compiled: dict[int, Any] = field(default_factory=dict)  # id(structured_outputs) -> grammar
 
 
 @dataclass(slots=True)
@@ -302,10 +303,11 @@ class AsyncEngine:
         # the grammar compilation below and the wait for the engine thread's current step.
         arrival = time.perf_counter()
         # Structured outputs compile here, off the engine thread, so that a slow schema never
-        # stalls a step; the engine then finds them in its compiler's cache.
-        for p in {id(p.structured_outputs): p for p in params
-                  if p.structured_outputs is not None}.values():
-            await asyncio.to_thread(self.engine.compile_grammar, p)
+        # stalls a step; the engine thread is handed the compiled grammars.
+        compiled: dict[int, Any] = {}
+        for key, p in {id(p.structured_outputs): p for p in params
+                       if p.structured_outputs is not None}.items():
+            compiled[key] = await asyncio.to_thread(self.engine.compile_grammar, p)
         if self.dead is not None:
             raise EngineDeadError("the engine has stopped after an error")
         if not self.accepting:
@@ -321,7 +323,8 @@ class AsyncEngine:
         output_stream = OutputStream(self, request_ids, arrival)
         self._num_in_flight += len(request_ids)
         done = self._loop.create_future()
-        self._submit(_Add(output_stream, prompts, params, stream, done, priority, lora_request))
+        self._submit(_Add(output_stream, prompts, params, stream, done, priority, lora_request,
+                          compiled))
         try:
             await done
         except BaseException:
@@ -471,7 +474,9 @@ class AsyncEngine:
                                         stream=command.stream_text,
                                         arrival_time=command.output._arrival,
                                         priority=command.priority,
-                                        lora_request=command.lora_request, load_lora=False)
+                                        lora_request=command.lora_request, load_lora=False,
+                                        compiled_grammar=command.compiled.get(
+                                            id(params.structured_outputs)))
                 added.append(rid)
         except Exception as exc:  # all or none: take back the ones already queued
             for rid in added:
