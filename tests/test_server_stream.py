@@ -186,3 +186,24 @@ def test_a_request_silent_on_sampling_takes_the_models_defaults():
     assert params() == (0.6, 0.9, 20, 1.05)
     assert params(temperature=0.0, top_k=0) == (0.0, 0.9, 0, 1.05)
     assert params(top_p=1.0, repetition_penalty=1.0, temperature=None) == (0.6, 1.0, 20, 1.0)
+
+
+def test_a_full_server_refuses_a_structured_request_before_compiling_it(llm, monkeypatch):
+    """Over its queue the server answers at once: its place is taken before its grammar
+    compiles, and one that cannot get a place compiles nothing (a burst of large schemas would
+    otherwise keep the worker thread busy for requests that are then refused)."""
+    import asyncio
+
+    from specserve import StructuredOutputsParams
+    from specserve.server.async_engine import AsyncEngine, QueueFullError
+
+    engine = AsyncEngine(llm.engine, max_queue=0, own_thread=False)
+    engine._started.set()  # as if its loop ran (none is needed to refuse)
+    engine._num_in_flight = engine.max_in_flight  # full
+    monkeypatch.setattr(llm.engine, "compile_grammar",
+                        lambda params: pytest.fail("compiled for a refused request"))
+    params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
+        choice=["yes", "no"]))
+    with pytest.raises(QueueFullError):
+        asyncio.run(engine.add_requests(["r0"], ["Is it?"], [params]))
+    assert engine._num_in_flight == engine.max_in_flight  # nothing taken, nothing leaked

@@ -302,16 +302,7 @@ class AsyncEngine:
         # The request's arrival, as vLLM's front end stamps it: its TTFT and queue time include
         # the grammar compilation below and the wait for the engine thread's current step.
         arrival = time.perf_counter()
-        # Structured outputs compile here, off the engine thread, so that a slow schema never
-        # stalls a step; the engine thread is handed the compiled grammars.
-        compiled: dict[int, Any] = {}
-        for key, p in {id(p.structured_outputs): p for p in params
-                       if p.structured_outputs is not None}.items():
-            compiled[key] = await asyncio.to_thread(self.engine.compile_grammar, p)
-        if self.dead is not None:
-            raise EngineDeadError("the engine has stopped after an error")
-        if not self.accepting:
-            raise EngineClosedError("the server is shutting down")
+        self._check_open()
         if self.max_in_flight is not None and len(request_ids) > self.max_in_flight:
             # Waiting would not help: this request can never be admitted.
             raise ValueError(f"this request needs {len(request_ids)} sequences (prompts x n), "
@@ -320,8 +311,21 @@ class AsyncEngine:
                 and self._num_in_flight + len(request_ids) > self.max_in_flight):
             raise QueueFullError(f"too many requests in flight ({self._num_in_flight}); "
                                  "retry later")
-        output_stream = OutputStream(self, request_ids, arrival)
+        # Its place is taken before its grammars compile: a server over its queue refuses a
+        # structured request at once rather than after compiling it.
         self._num_in_flight += len(request_ids)
+        try:
+            # Structured outputs compile here, off the engine thread, so that a slow schema
+            # never stalls a step; the engine thread is handed the compiled grammars.
+            compiled: dict[int, Any] = {}
+            for key, p in {id(p.structured_outputs): p for p in params
+                           if p.structured_outputs is not None}.items():
+                compiled[key] = await asyncio.to_thread(self.engine.compile_grammar, p)
+            self._check_open()  # it may have closed while they compiled
+        except BaseException:
+            self._release(len(request_ids))
+            raise
+        output_stream = OutputStream(self, request_ids, arrival)
         done = self._loop.create_future()
         self._submit(_Add(output_stream, prompts, params, stream, done, priority, lora_request,
                           compiled))
@@ -346,6 +350,12 @@ class AsyncEngine:
             command.done.set_exception(
                 EngineDeadError("the engine has stopped after an error") if self.dead
                 else EngineClosedError("the server is shutting down"))
+
+    def _check_open(self) -> None:
+        if self.dead is not None:
+            raise EngineDeadError("the engine has stopped after an error")
+        if not self.accepting:
+            raise EngineClosedError("the server is shutting down")
 
     def _release(self, n: int) -> None:
         self._num_in_flight -= n
