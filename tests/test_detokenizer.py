@@ -129,3 +129,17 @@ def test_spaces_before_punctuation_survive_a_tokenizer_that_cleans_them_up(llm, 
     assert tokenizer.decode(ids) != text  # the premise: decode cleans up here
     deltas, req = _stream(tokenizer, ids, detok, True)
     assert "".join(deltas) == req.output_text == text
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_the_stop_string_that_begins_first_ends_the_text(include):
+    """Two stop strings in one step's text: the earlier match ends it, whatever the list's
+    order ("\\n\\n" listed first used to win over the "." before it)."""
+    from specserve.engine.detokenizer import find_stop_string
+
+    req = Request("r", [1, 2], SamplingParams(stop=["\n\n", "."],
+                                              include_stop_str_in_output=include))
+    req.output_text = "The end.\n\nMore"
+    end = find_stop_string(req, len(".\n\nMore"))
+    assert req.stop_reason == "." and req.output_text[:end] == ("The end." if include
+                                                               else "The end")

@@ -145,13 +145,18 @@ def _detokenize_window(tokenizer, req: Request) -> str:
 
 
 def find_stop_string(req: Request, delta_len: int) -> int | None:
-    """If a stop string appeared in the text added last, return where the output must end."""
+    """If a stop string appeared in the text added last, return where the output must end:
+    at the match that begins first (several strings may match in one step's text, such as
+    "." and "\n\n" in ".\n\n"; the list's order decides only between matches at one place)."""
     text = req.output_text
+    best: tuple[int, str] | None = None
     for stop in req.params.stop:
         # Only the new text (and the stop string's length before it) can hold a new match.
         start = max(len(text) - delta_len - len(stop) + 1, 0)
         idx = text.find(stop, start)
-        if idx != -1:
-            req.stop_reason = stop
-            return idx + len(stop) if req.params.include_stop_str_in_output else idx
-    return None
+        if idx != -1 and (best is None or idx < best[0]):
+            best = (idx, stop)
+    if best is None:
+        return None
+    idx, req.stop_reason = best
+    return idx + len(req.stop_reason) if req.params.include_stop_str_in_output else idx
