@@ -132,13 +132,18 @@ class BlockManager:
         self.num_prefix_queries += num_queried
         self.num_prefix_hits += num_hit
 
+    def blocks_to_add(self, req: Request, num_new_tokens: int) -> int:
+        """How many blocks req lacks for num_computed_tokens + num_new_tokens (negative when it
+        holds more than that)."""
+        return -(-(req.num_computed_tokens + num_new_tokens) // self.block_size) - len(
+            req.block_ids)
+
     def allocate(self, req: Request, num_new_tokens: int, cached_block_ids: list[int] = ()
                  ) -> bool:
         """Give req enough blocks for num_computed_tokens + num_new_tokens (after taking the
         cached prefix blocks). All or nothing: returns False and changes nothing if the pool is
         short."""
-        num_needed = -(-(req.num_computed_tokens + num_new_tokens) // self.block_size)
-        num_new = num_needed - len(req.block_ids) - len(cached_block_ids)
+        num_new = self.blocks_to_add(req, num_new_tokens) - len(cached_block_ids)
         # Cached blocks that sit in the free queue are taken out of it, so count them.
         num_reused_free = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
         if num_new > self.num_free_blocks - num_reused_free:

@@ -190,16 +190,13 @@ class Scheduler:
         chunk), drafts aside."""
         known = min(req.num_tokens - req.num_computed_tokens,
                     self.config.long_prefill_token_threshold)
-        if known <= 0:
-            return 0
-        bs = self.block_manager.block_size
-        return max(-(-(req.num_computed_tokens + known) // bs) - len(req.block_ids), 0)
+        return max(self.block_manager.blocks_to_add(req, known), 0) if known > 0 else 0
 
     def _allocate_drafts(self, req: Request, num_new: int, reserved: int) -> bool:
         """allocate(req, num_new) with its drafts, only if it leaves the reserved blocks free."""
         bm = self.block_manager
-        extra = -(-(req.num_computed_tokens + num_new) // bm.block_size) - len(req.block_ids)
-        return extra <= bm.num_free_blocks - reserved and bm.allocate(req, num_new)
+        return (bm.blocks_to_add(req, num_new) <= bm.num_free_blocks - reserved
+                and bm.allocate(req, num_new))
 
     def _uncomputed_prompt_blocks(self, req: Request) -> list[int]:
         """Hashes of req's full prompt blocks that are not computed yet."""

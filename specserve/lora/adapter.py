@@ -4,7 +4,8 @@ The model fuses q/k/v into `qkv_proj` and gate/up into `gate_up_proj`, so an ada
 a fused linear's slices become one update of the fused linear: their A matrices stacked, their B
 matrices placed block-diagonally in the fused output (a slice the adapter leaves alone gets zero
 rows), the scale (lora_alpha / r, or / sqrt(r) with rsLoRA) folded into B. One step then adds
-`(x @ a.T) @ b.T` per fused linear, whatever subset of projections the adapter trained.
+`(x @ A.T) @ B.T` per fused linear (stored transposed: `(x @ a) @ b`), whatever subset of
+projections the adapter trained.
 """
 
 from __future__ import annotations
