@@ -308,6 +308,14 @@ class Strategy:
     reset_prefix_cache: bool = True
 
 
+def self_draft_layers(proposer: str, draft_model: str | None = None) -> int | None:
+    """The layers of the target a `draft` / `draft:N` proposer copies as its (untrained) draft;
+    None for a draft model (`draft` with draft_model) or another proposer."""
+    if not proposer.startswith("draft") or (draft_model and proposer == "draft"):
+        return None
+    return int(proposer.split(":", 1)[1]) if ":" in proposer else 4
+
+
 def proposer_config(proposer: str, k: int, *, draft_model: str | None = None,
                     eagle_model: str | None = None) -> dict:
     """A speculative_config. `draft` is the target's first 4 layers unless a trained draft
@@ -320,9 +328,9 @@ def proposer_config(proposer: str, k: int, *, draft_model: str | None = None,
                              "train one (specserve train-draft --method eagle, or bench lab)")
         return {"method": "eagle", "model": eagle_model, "num_speculative_tokens": k}
     if proposer.startswith("draft"):
-        if draft_model and proposer == "draft":
+        layers = self_draft_layers(proposer, draft_model)
+        if layers is None:
             return {"method": "draft", "model": draft_model, "num_speculative_tokens": k}
-        layers = int(proposer.split(":", 1)[1]) if ":" in proposer else 4
         return {"method": "draft", "draft_layers": layers, "num_speculative_tokens": k}
     return {"method": proposer, "num_speculative_tokens": k}
 

@@ -38,6 +38,7 @@ from specserve.bench.lab import (
     prepare_workload,
     proposer_config,
     run_workload,
+    self_draft_layers,
     warm_up,
 )
 from specserve.bench.report import adaptive_ratios, group_cells
@@ -78,10 +79,8 @@ def median_run(runs: list[dict]) -> dict:
 def proposer_label(proposer: str, draft_model: str | None = None) -> str:
     """The name a proposer's cells, table rows and summary carry: a self-draft (the target's
     first layers, untrained) is never just `draft`, which reads as a draft model."""
-    if proposer.startswith("draft") and not (draft_model and proposer == "draft"):
-        layers = proposer.split(":", 1)[1] if ":" in proposer else "4"  # proposer_config's
-        return f"draft(self-{layers}, untrained)"
-    return proposer
+    layers = self_draft_layers(proposer, draft_model)
+    return proposer if layers is None else f"draft(self-{layers}, untrained)"
 
 
 def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
