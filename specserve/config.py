@@ -41,7 +41,7 @@ INT_WEIGHT_METHODS = ("int8", "int4", "gguf")
 
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
-    """Shape of a Llama/Qwen2-style decoder, read from config.json or GGUF metadata."""
+    """Shape of a Llama/Qwen2/Qwen3-style decoder, read from config.json or GGUF metadata."""
 
     vocab_size: int
     hidden_size: int
@@ -55,6 +55,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = True
     attention_bias: bool = False  # Qwen2 has a bias on q/k/v
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each query and key head, before rope
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "llama"
     # A scaled rope (Llama 3.1's "llama3", "linear", "yarn"): Hugging Face's rope parameters

@@ -722,11 +722,11 @@ def test_offline_compare_hf_loads_the_engines_own_model(tmp_path, monkeypatch):
     assert next(hf.parameters()).device == llm.engine.device
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_the_hf_baseline_from_our_state_dict_is_the_same_model(tmp_path, arch):
     """The .gguf / embedded path rebuilds transformers' model from our loader's fused weights:
     it must compute what transformers' own loading of the checkpoint computes (an untied head,
-    Qwen2's q/k/v biases)."""
+    Qwen2's q/k/v biases, Qwen3's q/k norms)."""
     from tiny_models import make_tiny_model
     from transformers import AutoModelForCausalLM
 

@@ -1,5 +1,6 @@
-"""Loading a local Hugging Face directory (what a GPU user points the engine at): Llama and
-Qwen2 (q/k/v bias), greedy output token-identical to transformers."""
+"""Loading a local Hugging Face directory (what a GPU user points the engine at): Llama,
+Qwen2 (q/k/v bias) and Qwen3 (q/k norms, wide heads), greedy output token-identical to
+transformers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from tiny_models import make_tiny_model
 from specserve import LLM, SamplingParams
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_tiny_hf_directory_matches_transformers(tmp_path, arch):
     from transformers import AutoModelForCausalLM
 
@@ -241,3 +242,21 @@ def test_chat_template_and_max_model_len_flags(tmp_path, caplog):
         LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, max_model_len=10_000)
     with pytest.raises(ValueError, match="neither a file nor a Jinja"):
         LLM(str(path), dtype="float32", kv_cache_memory=8 << 20, chat_template="nope.jinja")
+
+
+def test_qwen3_in_bf16_with_drafts_is_lossless(tmp_path):
+    """Qwen3 in the serving dtype: its q/k norms keep it out of the C++ layer loop, and a
+    self-draft of its first layer (q/k norms too) and n-gram guesses leave greedy tokens as
+    they are without speculation."""
+    path = str(make_tiny_model(tmp_path / "qwen3", arch="qwen3", seed=7))
+    prompts = [[5, 9, 13, 2, 40], [7, 8] * 6, list(range(2, 30))]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = LLM(path, kv_cache_memory=8 << 20)
+    assert plain.engine.runner.layer_loop is None
+    want = [o.outputs[0].token_ids for o in plain.generate(prompts, params)]
+    for spec in ({"method": "draft", "draft_layers": 1, "num_speculative_tokens": 3},
+                 {"method": "ngram", "num_speculative_tokens": 3}):
+        llm = LLM(path, kv_cache_memory=8 << 20, speculative_config=spec,
+                  speculation_policy="static")
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+        assert llm.get_stats()["num_draft_tokens"] > 0

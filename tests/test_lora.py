@@ -121,21 +121,22 @@ def test_lora_batch_adds_each_rows_own_update():
     assert LoRABatch.build([(None, 0, 9)], torch.device("cpu")) is None
 
 
-def test_rslora_rank_pattern_and_qwen2_give_pefts_tokens(tiny, tmp_path):
-    """rsLoRA's alpha / sqrt(r), a rank per module, and Qwen2 (q/k/v biases the update
-    leaves alone)."""
+def test_rslora_rank_pattern_and_qwen_give_pefts_tokens(tiny, tmp_path):
+    """rsLoRA's alpha / sqrt(r), a rank per module, Qwen2 (q/k/v biases the update leaves
+    alone) and Qwen3 (q/k norms after the update)."""
     out = tmp_path / "rs"
     model = make_adapter(tiny["base"], out, 4, ALL, r=4, use_rslora=True,
                          rank_pattern={"q_proj": 2, "down_proj": 1})
     got = tokens(engine(tiny).generate(PROMPTS, GREEDY,
                                        lora_request=LoRARequest("rs", 9, str(out))))
     assert got == [hf_greedy(model, p) for p in PROMPTS]
-    qwen = make_tiny_model(tmp_path / "qwen", arch="qwen2", seed=5)
-    model = make_adapter(qwen, tmp_path / "qwen-lora", 6, ALL, r=4)
-    llm = LLM(str(qwen), dtype="float32", kv_cache_memory=8 << 20, enable_lora=True)
-    got = tokens(llm.generate(PROMPTS, GREEDY,
-                              lora_request=LoRARequest("q", 1, str(tmp_path / "qwen-lora"))))
-    assert got == [hf_greedy(model, p) for p in PROMPTS]
+    for arch in ("qwen2", "qwen3"):
+        qwen = make_tiny_model(tmp_path / arch, arch=arch, seed=5)
+        model = make_adapter(qwen, tmp_path / f"{arch}-lora", 6, ALL, r=4)
+        llm = LLM(str(qwen), dtype="float32", kv_cache_memory=8 << 20, enable_lora=True)
+        got = tokens(llm.generate(PROMPTS, GREEDY, lora_request=LoRARequest(
+            "q", 1, str(tmp_path / f"{arch}-lora"))))
+        assert got == [hf_greedy(model, p) for p in PROMPTS]
 
 
 def test_chunked_prefill_and_preemption_keep_the_adapter(tiny):

@@ -245,15 +245,19 @@ def test_a_draft_whose_head_ids_do_not_fit_its_head_is_refused(trained, tmp_path
                 speculative_config={"method": "draft", "model": str(draft)})
 
 
-def test_qwen2_target_round_trips(tmp_path):
-    """Attention biases survive saving as a llama config (a few steps, no time budget)."""
-    target = make_tiny_model(tmp_path / "qwen", arch="qwen2", num_layers=2, seed=4)
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_qwen_targets_round_trip(tmp_path, arch):
+    """Qwen2's attention biases survive saving as a llama config, Qwen3's q/k norms as a qwen3
+    one (a few steps, no time budget)."""
+    target = make_tiny_model(tmp_path / "qwen", arch=arch, num_layers=2, seed=4)
     cfg = DistillConfig(num_layers=1, head_vocab=0, minutes=1, max_steps=3, eval_every=2,
                         batch_tokens=512, show_progress=False)
     outcome = train_draft(str(target), _items(12, seed=1), tmp_path / "draft", cfg,
                           data_cfg=DataConfig(max_reply_tokens=8, dtype="float32"))
     assert outcome.result.loop.stop_reason == "max_steps" and outcome.result.loop.steps == 3
-    assert json.loads((outcome.path / "config.json").read_text())["attention_bias"] is True
+    saved = json.loads((outcome.path / "config.json").read_text())
+    assert saved["attention_bias"] is (arch == "qwen2")
+    assert saved["model_type"] == ("qwen3" if arch == "qwen3" else "llama")
     prompts, params = _mixed_batch()
     ref = LLM(str(target), dtype="float32", kv_cache_memory=16 << 20).generate(prompts, params)
     spec = LLM(str(target), dtype="float32", kv_cache_memory=16 << 20,

@@ -1,4 +1,4 @@
-"""Tiny random Llama / Qwen2 checkpoints written as Hugging Face directories (config.json,
+"""Tiny random Llama / Qwen2 / Qwen3 checkpoints written as Hugging Face directories (config.json,
 safetensors, tokenizer), so tests exercise the real loading path and can compare against
 transformers without any download."""
 
@@ -28,7 +28,14 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, num_layers: 
     """Write a random model to path. logit_scale multiplies the LM head, to make the
     distributions sharper (it is a separate, untied head); config: more config fields
     (rope_scaling, attention_bias, ...); max_shard_size: save in shards with an index."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     torch.manual_seed(seed)
     common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=128,
@@ -37,8 +44,10 @@ def make_tiny_model(path: Path, arch: str = "llama", seed: int = 0, num_layers: 
                   eos_token_id=1, bos_token_id=None, pad_token_id=0) | config
     if arch == "llama":
         model = LlamaForCausalLM(LlamaConfig(rope_theta=10000.0, **common))
-    else:
+    elif arch == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(rope_theta=10000.0, **common))
+    else:  # qwen3: q/k norms, and heads wider than hidden / heads (Qwen3-0.6B: 16 x 128, 1024)
+        model = Qwen3ForCausalLM(Qwen3Config(rope_theta=10000.0, **({"head_dim": 32} | common)))
     with torch.no_grad():
         for p in model.parameters():  # larger weights than the default init: peaky outputs
             p.normal_(0, 0.2)

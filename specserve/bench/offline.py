@@ -156,17 +156,25 @@ def load_hf_model(dtype: torch.dtype, model: str | None = None,
 
 
 def _hf_from_state_dict(loaded):
-    """transformers' LlamaForCausalLM / Qwen2ForCausalLM holding a LoadedModel's weights
+    """transformers' Llama / Qwen2 / Qwen3 ForCausalLM holding a LoadedModel's weights
     (ours fuse q/k/v and gate/up: split back)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
 
     c = loaded.config
     if c.architecture == "llama" and c.attention_bias:
         # LlamaConfig's attention_bias also puts a bias on o_proj, which we would leave random.
         raise ValueError(f"{loaded.path}: a llama model with q/k/v biases has no Hugging Face "
                          "equivalent for the baseline")
-    config_cls, model_cls = ((Qwen2Config, Qwen2ForCausalLM) if c.architecture == "qwen2"
-                             else (LlamaConfig, LlamaForCausalLM))
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
+                             "qwen3": (Qwen3Config, Qwen3ForCausalLM)}.get(
+                                 c.architecture, (LlamaConfig, LlamaForCausalLM))
     hf = model_cls(config_cls(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
@@ -192,6 +200,9 @@ def _hf_from_state_dict(loaded):
             h + "mlp.down_proj.weight": sd[p + "mlp.down_proj.weight"],
             h + "input_layernorm.weight": sd[p + "input_norm.weight"],
             h + "post_attention_layernorm.weight": sd[p + "post_attn_norm.weight"]})
+        if c.qk_norm:
+            hf_sd.update({h + "self_attn.q_norm.weight": sd[p + "attn.q_norm.weight"],
+                          h + "self_attn.k_norm.weight": sd[p + "attn.k_norm.weight"]})
     hf.load_state_dict(hf_sd, strict=False)
     hf.tie_weights()
     return hf

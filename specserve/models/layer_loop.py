@@ -62,8 +62,8 @@ class LayerLoop:
     def build(cls, model: nn.Module, kv_caches: list[LayerKVCache],
               block_size: int) -> LayerLoop | None:
         ext = paged_attention_ext.module()
-        if ext is None or type(model) is not LlamaModel:
-            return None
+        if ext is None or type(model) is not LlamaModel or model.cfg.qk_norm:
+            return None  # (Qwen3's q/k norms are not in the C++ loop)
         dtype = model.embed_tokens.weight.dtype
         if model.embed_tokens.weight.device.type != "cpu" or dtype not in (torch.bfloat16,
                                                                           torch.float32):

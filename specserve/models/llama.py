@@ -1,4 +1,4 @@
-"""Llama / Qwen2-style decoder for flat, variable-length batches over a paged KV cache.
+"""Llama / Qwen2 / Qwen3-style decoder for flat, variable-length batches over a paged KV cache.
 
 One forward takes the scheduled tokens of many sequences concatenated (prefill chunks, decodes and
 speculative verification tokens mixed), their positions and the attention metadata; logits are
@@ -43,12 +43,27 @@ class Attention(nn.Module):
                                   bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
         self.scale = cfg.head_dim ** -0.5
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def norm_qk(self, qkv: torch.Tensor) -> torch.Tensor:
+        """Qwen3's per-head RMSNorm of q and k, on the projection's output (adapter updates
+        included) and before rope; qkv unchanged for models without it."""
+        if self.q_norm is None:
+            return qkv
+        c = self.cfg
+        q, k, v = qkv.split([c.q_size, c.kv_size, c.kv_size], dim=-1)
+        # Heads as rows of a 2-D tensor: the fused kernel's shape.
+        q = self.q_norm(q.reshape(-1, c.head_dim)).view(q.shape)
+        k = self.k_norm(k.reshape(-1, c.head_dim)).view(k.shape)
+        return torch.cat([q, k, v], dim=-1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 kv_cache: LayerKVCache, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)  # [num_tokens, q_size + 2 * kv_size]
         if meta.lora is not None:
             meta.lora.add(qkv, x, self.layer, "qkv_proj")
+        qkv = self.norm_qk(qkv)
         # The new tokens' K/V go into the pool first, so a query sees itself and its own chunk.
         q = fused.rope_write_kv(qkv, cos, sin, meta.slot_mapping, kv_cache, self.cfg.num_heads)
         out = paged_attention(q, kv_cache, meta, self.scale)

@@ -286,9 +286,9 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
     hf = json.loads((path / "config.json").read_text())
     archs = hf.get("architectures") or [""]
     model_type = hf.get("model_type", "")
-    if model_type not in ("llama", "qwen2", "mistral"):
+    if model_type not in ("llama", "qwen2", "qwen3", "mistral"):
         raise ValueError(f"{path}: model_type {model_type!r} ({archs[0]}) is not supported; "
-                         "specserve runs Llama- and Qwen2-style decoders")
+                         "specserve runs Llama-, Qwen2- and Qwen3-style decoders")
     if hf.get("quantization_config"):
         method = hf["quantization_config"].get("quant_method", "?")
         raise ValueError(f"{path}: a pre-quantized checkpoint ({method}) is not supported; load "
@@ -318,6 +318,7 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         attention_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+        qk_norm=model_type == "qwen3",
         eos_token_ids=eos_ids,
         architecture=model_type,
         rope_scaling=tuple(sorted(rope.items())) if rope.get("rope_type") != "default" else (),
@@ -351,6 +352,9 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
             sd[p + "attn.qkv_proj.bias"] = torch.cat(
                 [get(h + f"self_attn.{x}_proj.bias") for x in "qkv"])
         sd[p + "attn.o_proj.weight"] = get(h + "self_attn.o_proj.weight")
+        if cfg.qk_norm:
+            sd[p + "attn.q_norm.weight"] = get(h + "self_attn.q_norm.weight")
+            sd[p + "attn.k_norm.weight"] = get(h + "self_attn.k_norm.weight")
         sd[p + "mlp.gate_up_proj.weight"] = torch.cat(
             [get(h + "mlp.gate_proj.weight"), get(h + "mlp.up_proj.weight")])
         sd[p + "mlp.down_proj.weight"] = get(h + "mlp.down_proj.weight")

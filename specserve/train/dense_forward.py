@@ -25,7 +25,7 @@ def dense_attention(attn: Attention, x: torch.Tensor, cos: torch.Tensor,
     """x: [B, T, hidden] (already normed) -> [B, T, hidden]."""
     c: ModelConfig = attn.cfg
     b, t, _ = x.shape
-    qkv = attn.qkv_proj(x)
+    qkv = attn.norm_qk(attn.qkv_proj(x))
     qk = apply_rotary(qkv[..., : c.q_size + c.kv_size].view(b, t, -1, c.head_dim), cos, sin)
     q, k = qk.split([c.num_heads, c.num_kv_heads], dim=2)
     v = qkv[..., c.q_size + c.kv_size:].view(b, t, c.num_kv_heads, c.head_dim)

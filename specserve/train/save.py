@@ -79,8 +79,9 @@ def draft_config(draft: DraftNet, target_name: str, target_embedding: torch.Tens
                  calibrated: bool = False) -> dict:
     c = draft.cfg
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        # Qwen3's q/k norms need its model_type; every other target's draft reads as a Llama.
+        "architectures": ["Qwen3ForCausalLM" if c.qk_norm else "LlamaForCausalLM"],
+        "model_type": "qwen3" if c.qk_norm else "llama",
         "vocab_size": c.vocab_size,
         "hidden_size": c.hidden_size,
         "intermediate_size": c.intermediate_size,
@@ -125,6 +126,9 @@ def draft_tensors(draft: DraftNet) -> dict[str, torch.Tensor]:
             for x, b in zip("qkv", layer.attn.qkv_proj.bias.split(split), strict=True):
                 out[p + f"self_attn.{x}_proj.bias"] = b
         out[p + "self_attn.o_proj.weight"] = layer.attn.o_proj.weight
+        if layer.attn.q_norm is not None:
+            out[p + "self_attn.q_norm.weight"] = layer.attn.q_norm.weight
+            out[p + "self_attn.k_norm.weight"] = layer.attn.k_norm.weight
         gate, up = layer.mlp.gate_up_proj.weight.chunk(2)
         out[p + "mlp.gate_proj.weight"] = gate
         out[p + "mlp.up_proj.weight"] = up
