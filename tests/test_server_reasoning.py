@@ -39,6 +39,13 @@ def _streamed(text: str, cuts: list[int]) -> tuple[str | None, str | None]:
     return "".join(reasoning) + r or None, "".join(content) + c or None
 
 
+def test_qwen3_replies_read_as_deepseek_r1s():
+    from specserve.server.reasoning import REASONING_PARSERS
+
+    for text, split in REPLIES.items():
+        assert REASONING_PARSERS["qwen3"]().read(text) == split
+
+
 @pytest.mark.parametrize("text", REPLIES)
 def test_a_reply_streamed_in_any_pieces_splits_as_the_whole(text: str):
     assert ReasoningReader().read(text) == REPLIES[text]

@@ -61,5 +61,9 @@ class ReasoningReader:
         return (reasoning + more) or None, (content + rest) or None
 
 
-# --reasoning-parser's choices.
-REASONING_PARSERS: dict[str, type[ReasoningReader]] = {"deepseek_r1": ReasoningReader}
+# --reasoning-parser's choices. Qwen3 writes the same tags; its template closes the reasoning
+# in the prompt when asked not to think (enable_thinking: false), which the server reads. Unlike
+# vLLM's qwen3 parser, a reply cut short before `</think>` stays reasoning here, so that a
+# streamed reply splits as the whole one does.
+REASONING_PARSERS: dict[str, type[ReasoningReader]] = {"deepseek_r1": ReasoningReader,
+                                                       "qwen3": ReasoningReader}
