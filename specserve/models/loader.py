@@ -141,8 +141,8 @@ def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
         return default if f is None else f.contents()
 
     arch = meta("general.architecture")
-    if arch not in ("llama", "qwen2"):
-        raise ValueError(f"{path}: architecture {arch!r} is not supported (llama, qwen2)")
+    if arch not in ("llama", "qwen2", "qwen3"):
+        raise ValueError(f"{path}: architecture {arch!r} is not supported (llama, qwen2, qwen3)")
     hidden = meta(f"{arch}.embedding_length")
     heads = meta(f"{arch}.attention.head_count")
     tensors = {t.name: t for t in reader.tensors}
@@ -159,12 +159,15 @@ def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
         num_layers=meta(f"{arch}.block_count"),
         num_heads=heads,
         num_kv_heads=meta(f"{arch}.attention.head_count_kv", heads),
-        head_dim=meta(f"{arch}.rope.dimension_count", hidden // heads),
+        # Qwen3's heads are wider than hidden / heads; its converter writes only key_length.
+        head_dim=meta(f"{arch}.attention.key_length")
+        or meta(f"{arch}.rope.dimension_count", hidden // heads),
         max_position=meta(f"{arch}.context_length"),
         rope_theta=float(meta(f"{arch}.rope.freq_base", 10000.0)),
         rms_norm_eps=float(meta(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm=arch == "qwen3",
         eos_token_ids=(eos,) if eos is not None else (),
         architecture=arch,
     )
@@ -183,7 +186,7 @@ def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
         return w.reshape([int(d) for d in reversed(t.shape)]) if w.ndim == 1 and len(t.shape) > 1 \
             else w
 
-    # Only llama's GGUF conversion permutes Q/K rows; qwen2's keeps HF order.
+    # Only llama's GGUF conversion permutes Q/K rows; qwen2's and qwen3's keep HF order.
     q_idx = _qk_unpermute_index(cfg.num_heads, cfg.head_dim) if arch == "llama" else None
     k_idx = _qk_unpermute_index(cfg.num_kv_heads, cfg.head_dim) if arch == "llama" else None
     sd: dict[str, torch.Tensor] = {}
@@ -207,6 +210,9 @@ def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
                 qb, kb = qb[q_idx], kb[k_idx]
             sd[p + "attn.qkv_proj.bias"] = t32(np.concatenate([qb, kb, vb]))
         sd[p + "attn.o_proj.weight"] = t32(dense(b + "attn_output.weight"))
+        if cfg.qk_norm:
+            sd[p + "attn.q_norm.weight"] = t32(dense(b + "attn_q_norm.weight"))
+            sd[p + "attn.k_norm.weight"] = t32(dense(b + "attn_k_norm.weight"))
         sd[p + "mlp.gate_up_proj.weight"] = t32(
             np.concatenate([dense(b + "ffn_gate.weight"), dense(b + "ffn_up.weight")])
             )
