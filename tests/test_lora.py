@@ -224,6 +224,12 @@ def test_the_server_path_never_reads_an_adapter_on_the_engine_thread(tiny):
     assert llm.engine.list_loras() == set()
     llm.engine.add_lora(tiny["a"])
     llm.engine.add_request(PROMPTS[0], GREEDY, lora_request=tiny["a"], load_lora=False)
+    # Unloaded, and its id given to other weights before the request reached the engine: the
+    # request is refused, not run with them.
+    llm.engine.remove_lora(tiny["a"].lora_int_id)
+    llm.engine.add_lora(LoRARequest("x", tiny["a"].lora_int_id, tiny["b"].lora_path))
+    with pytest.raises(ValueError, match="not loaded"):
+        llm.engine.add_request(PROMPTS[0], GREEDY, lora_request=tiny["a"], load_lora=False)
 
 
 def _write_config(path: Path, **changes) -> None:
@@ -263,6 +269,25 @@ def test_adapters_that_do_not_fit_are_refused_by_name(tiny, tmp_path):
     with pytest.raises(ValueError, match="cannot read adapter_model.safetensors"):
         llm.generate(PROMPTS[:1], GREEDY,
                      lora_request=LoRARequest("t", 9, str(tmp_path / "saved")))
+    # What raised other errors (a 500 on the server): rank 0, a NaN alpha, a .bin of other
+    # things than 2-D tensors by name, a home directory that does not exist.
+    from safetensors.torch import load_file, save_file
+    zero = {k: t[:0] if "lora_A" in k else t[:, :0]
+            for k, t in load_file(str(Path(tiny["a"].lora_path) / "adapter_model.safetensors"))
+            .items()}
+    make_adapter(tiny["base"], tmp_path / "r0", 1, ["q_proj"], r=2)
+    save_file(zero, str(tmp_path / "r0" / "adapter_model.safetensors"))
+    make_adapter(tiny["base"], tmp_path / "nan", 1, ["q_proj"], r=2)
+    _write_config(tmp_path / "nan", lora_alpha=float("nan"))
+    make_adapter(tiny["base"], tmp_path / "bin", 1, ["q_proj"], r=2)
+    (tmp_path / "bin" / "adapter_model.safetensors").unlink()
+    torch.save({"base_model.model.layers.0.self_attn.q_proj.lora_A.weight": 3},
+               tmp_path / "bin" / "adapter_model.bin")
+    for i, (where, error) in enumerate([
+            (tmp_path / "r0", "does not fit this model"), (tmp_path / "nan", "finite number"),
+            (tmp_path / "bin", "2-D float tensors"), ("~no-such-user-here/x", "no-such-user")]):
+        with pytest.raises(ValueError, match=error):
+            llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("e", 20 + i, str(where)))
     with pytest.raises(ValueError, match="must be a LoRARequest"):
         llm.generate(PROMPTS[:1], GREEDY, lora_request="b")
     with pytest.raises(ValueError, match="maximum context"):  # refused before it loads

@@ -79,16 +79,26 @@ def server() -> Iterator[LiveServer]:
     live.stop()
 
 
-def test_the_server_admits_the_most_urgent_waiting_request_first(server: LiveServer):
+BODIES = {  # each endpoint's request for a text, without its priority
+    "completions": lambda text: {"prompt": text, "max_tokens": 32},
+    "chat/completions": lambda text: {"messages": [{"role": "user", "content": text}],
+                                      "max_tokens": 32},
+    "responses": lambda text: {"input": text, "max_output_tokens": 32},
+}
+
+
+@pytest.mark.parametrize("endpoint", list(BODIES))
+def test_the_server_admits_the_most_urgent_waiting_request_first(server: LiveServer,
+                                                                endpoint: str):
     """One slot, held by a long stream. Two requests wait behind it, the more urgent sent
     last; once the stream is closed (aborting its request), the urgent one runs first. The
     server queues commands to the engine in order, so both are queued before the abort."""
     done: dict[str, float] = {}
 
     def post(name: str, priority: int) -> None:
-        reply = httpx.post(f"{server.url}/v1/completions", timeout=120, json={
-            "model": MODEL, "prompt": f"Request {name} says", "max_tokens": 32,
-            "ignore_eos": True, "temperature": 0, "priority": priority})
+        reply = httpx.post(f"{server.url}/v1/{endpoint}", timeout=120, json={
+            "model": MODEL, "ignore_eos": True, "temperature": 0, "priority": priority,
+            **BODIES[endpoint](f"Request {name} says")})
         assert reply.status_code == 200, reply.text
         done[name] = time.monotonic()
 

@@ -82,7 +82,10 @@ def load_adapter(request: LoRARequest, cfg: ModelConfig, max_rank: int, dtype: t
     dtype on its device (and in fp32 too for a bf16 model on a CPU). Raises ValueError naming
     what does not fit (another model's shapes, a rank over max_rank, a kind of update not
     applied here)."""
-    path = Path(request.lora_path).expanduser()
+    try:
+        path = Path(request.lora_path).expanduser()
+    except RuntimeError as exc:  # ~user of no such user
+        raise ValueError(f"LoRA adapter {request.lora_path}: {exc}") from None
     conf = _read_config(path)
     pieces: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in _read_tensors(path).items():
@@ -113,7 +116,7 @@ def load_adapter(request: LoRARequest, cfg: ModelConfig, max_rank: int, dtype: t
         if a is None or b is None:
             raise ValueError(f"LoRA adapter {path}: {name} has lora_A or lora_B but not both")
         r = a.shape[0]
-        if a.shape != (r, in_features) or b.shape != (outs[index], r):
+        if r == 0 or a.shape != (r, in_features) or b.shape != (outs[index], r):
             raise ValueError(
                 f"LoRA adapter {path} does not fit this model: {name} has lora_A "
                 f"{list(a.shape)} and lora_B {list(b.shape)}, expected [r, {in_features}] and "
@@ -137,7 +140,9 @@ def load_adapter(request: LoRARequest, cfg: ModelConfig, max_rank: int, dtype: t
         a_t, b_t = torch.cat([a for _, a, _ in parts]).T.contiguous(), b_full.T.contiguous()
         update = LoRALinear(a_t.to(device, dtype), b_t.to(device, dtype))
         if torch.device(device).type == "cpu" and dtype != torch.float32:
-            update.a32, update.b32 = a_t, b_t
+            # The rounded weights, widened: a step of few rows computes in fp32 with the very
+            # weights a larger one uses, so a request's update does not change with its batch.
+            update.a32, update.b32 = update.a.float(), update.b.float()
         layers[layer][fused] = update
         nbytes += sum(t.nbytes for t in (update.a, update.b, update.a32, update.b32)
                       if t is not None)
@@ -166,8 +171,10 @@ def _read_config(path: Path) -> dict:
                          "weights; save it converted to a plain LoRA (PEFT's "
                          "path_initial_model_for_weight_conversion)")
     alpha = conf.get("lora_alpha")
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise ValueError(f"LoRA adapter {path}: lora_alpha must be a number, not {alpha!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(
+            alpha):
+        raise ValueError(f"LoRA adapter {path}: lora_alpha must be a finite number, not "
+                         f"{alpha!r}")
     return conf
 
 
@@ -182,7 +189,10 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
                 tensors = read(path / name)
             except Exception as exc:  # safetensors, unpickling and OS errors alike
                 raise ValueError(f"LoRA adapter {path}: cannot read {name} ({exc})") from None
-            if not isinstance(tensors, dict):
-                raise ValueError(f"LoRA adapter {path}: {name} holds no tensors by name")
+            if not isinstance(tensors, dict) or not all(
+                    isinstance(k, str) and isinstance(t, torch.Tensor) and t.dim() == 2
+                    and t.is_floating_point() for k, t in tensors.items()):
+                raise ValueError(f"LoRA adapter {path}: {name} does not hold 2-D float "
+                                 "tensors by name")
             return tensors
     raise ValueError(f"LoRA adapter {path}: no adapter_model.safetensors (or .bin)")

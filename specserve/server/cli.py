@@ -26,7 +26,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                         "(default: $SPECSERVE_API_KEY; unset: no authentication)")
     p.add_argument("--max-queue", type=_non_negative_int, default=256,
                    help="requests allowed to wait beyond the --max-num-seqs running ones; "
-                        "more get 429")
+                        "more get 429, whatever their priority")
     p.add_argument("--stream-interval", type=positive_int, default=1,
                    help="send streamed tokens every N engine steps (first tokens and finished "
                         "requests at once); >1 costs smoothness, saves a wake-up of the HTTP "

@@ -100,7 +100,9 @@ class OpenAIServing:
         # LoRA adapters served beside the base model, by the name a request's `model` gives
         # (vLLM's --lora-modules), already loaded into the engine.
         self.loras = loras or {}
-        self._lora_ids = 0  # the last id given to an adapter loaded at run time
+        # The last id given to an adapter: ids only grow, so a request still on its way to the
+        # engine for an unloaded adapter can never find another one under its id.
+        self._lora_ids = max([0, *(r.lora_int_id for r in self.loras.values())])
         self._loading: set[str] = set()  # names whose adapters are being read
         self.model_name = model_name
         # How tool_choice "auto" reads the model's calls (None: such requests are refused),
@@ -362,7 +364,7 @@ class OpenAIServing:
             raise APIError(400, f"The lora adapter '{name}' has already been loaded.",
                            param="lora_name")
         # An id taken before the load is awaited: two loads at once get two ids.
-        self._lora_ids = max([self._lora_ids, *(r.lora_int_id for r in self.loras.values())]) + 1
+        self._lora_ids += 1
         lora = LoRARequest(name, self._lora_ids, req.lora_path)
         self._loading.add(name)  # a second load of the name meanwhile is refused
         try:
