@@ -8,6 +8,7 @@ from typing import Any
 
 from rich.progress import MofNCompleteColumn, Progress
 
+from specserve.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from specserve.engine.llm_engine import LLMEngine
 from specserve.engine.prompts import encode_prompt, render_chat
@@ -99,6 +100,42 @@ class LLM:
             raise
         outs = iter(self._run([rid for g in groups for rid in g], use_tqdm))
         return [_merge_choices([next(outs) for _ in g]) for g in groups]
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    *, lora_request: LoRARequest | None = None) -> list[BeamSearchOutput]:
+        """vLLM's LLM.beam_search: each prompt's params.beam_width best sequences, best first
+        (specserve/beam_search.py). The beams of all prompts are scored together, one step at a
+        time; a prompt and its max_tokens must fit the context."""
+        params.validate()
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        tokenizer = self.engine.tokenizer
+        searches, salts = [], []
+        for p in prompts:
+            ids = _prompt_input(p)
+            ids = encode_prompt(tokenizer, ids) if isinstance(ids, str) else ids
+            if len(ids) + params.max_tokens > self.engine.max_model_len:
+                raise ValueError(f"a prompt of {len(ids)} tokens and max_tokens "
+                                 f"{params.max_tokens} do not fit the maximum context, "
+                                 f"{self.engine.max_model_len} tokens")
+            searches.append(BeamSearch(ids, params, self.engine.model_config.eos_token_ids))
+            salts.append(p.get("cache_salt") if isinstance(p, dict) else None)
+        while live := [i for i, s in enumerate(searches) if not s.done]:
+            groups: list[list[str]] = []
+            try:
+                for i in live:
+                    step = replace(searches[i].step_params(), cache_salt=salts[i])
+                    groups.append([self.engine.add_request(ids, step,
+                                                           lora_request=lora_request).request_id
+                                   for ids in searches[i].pending()])
+            except BaseException:
+                for rid in (r for g in groups for r in g):
+                    self.engine.abort_request(rid)
+                raise
+            outs = iter(self._run([r for g in groups for r in g]))
+            for i, g in zip(live, groups, strict=True):
+                searches[i].advance([next(outs).outputs[0].logprobs[0] for _ in g])
+        return [s.result(tokenizer) for s in searches]
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None, *, use_tqdm: bool = False,

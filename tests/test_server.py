@@ -195,6 +195,32 @@ def test_completion_matches_offline(client: openai.OpenAI, llm, prompt: str):
     assert resp.usage.prompt_tokens == len(llm.engine.tokenize(prompt))
 
 
+def test_beam_search_matches_offline(client: openai.OpenAI, llm):
+    """vLLM's use_beam_search: n beams as n choices, best first, the offline beam search's
+    texts, on completions (two prompts) and chat."""
+    from specserve import BeamSearchParams
+
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    want = llm.beam_search(prompts, BeamSearchParams(beam_width=3, max_tokens=8))
+    resp = client.completions.create(model=MODEL, prompt=prompts, max_tokens=8, n=3,
+                                     extra_body={"use_beam_search": True})
+    assert [c.text for c in resp.choices] == [s.text for o in want for s in o.sequences]
+    assert [c.finish_reason for c in resp.choices] == [
+        s.finish_reason for o in want for s in o.sequences]
+    assert resp.usage.completion_tokens == sum(len(s.output_token_ids) for o in want
+                                               for s in o.sequences)
+    from specserve.engine.prompts import encode_prompt, render_chat
+
+    tokenizer = llm.get_tokenizer()
+    chat_ids = encode_prompt(tokenizer, render_chat(tokenizer, CHAT), add_special_tokens=False)
+    want = llm.beam_search([chat_ids], BeamSearchParams(beam_width=2, max_tokens=10,
+                                                        length_penalty=0.5))[0]
+    resp = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10, n=2,
+                                          extra_body={"use_beam_search": True,
+                                                      "length_penalty": 0.5})
+    assert [c.message.content for c in resp.choices] == [s.text for s in want.sequences]
+
+
 def test_chat_matches_offline(client: openai.OpenAI, llm):
     text, num_tokens, finish = offline_text(llm, CHAT, max_tokens=20)
     resp = client.chat.completions.create(model=MODEL, messages=CHAT, max_completion_tokens=20,
@@ -673,7 +699,10 @@ def test_text_chunk_with_usage_equals_the_pydantic_model():
 
 @pytest.mark.parametrize(("path", "extra", "name"), [
     ("/v1/completions", {"speculation": {"speculation_policy": "static"}}, "speculation_policy"),
-    ("/v1/completions", {"use_beam_search": True}, "use_beam_search"),
+    ("/v1/completions", {"use_beam_search": True, "stream": True}, "stream"),
+    ("/v1/chat/completions", {"use_beam_search": True, "temperature": 0.8}, "temperature"),
+    ("/v1/chat/completions", {"use_beam_search": True, "logprobs": True}, "logprobs"),
+    ("/v1/completions", {"use_beam_search": True, "n": 11}, "n (the beam width)"),
     ("/v1/completions", {"logits_processors": ["my.module:Processor"]}, "logits_processors"),
     ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),

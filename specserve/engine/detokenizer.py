@@ -116,8 +116,12 @@ def prompt_context(tokenizer, prompt_ids: list[int]) -> list[int]:
 
 def decode_output(tokenizer, req: Request, ids: list[int]) -> str:
     """The text of output ids as they read after the prompt (see prompt_context)."""
-    skip = req.params.skip_special_tokens
-    context = prompt_context(tokenizer, req.prompt_token_ids)
+    return decode_after(tokenizer, req.prompt_token_ids, ids, req.params.skip_special_tokens)
+
+
+def decode_after(tokenizer, prompt_ids: list[int], ids: list[int], skip: bool) -> str:
+    """The text of ids as they read after prompt_ids."""
+    context = prompt_context(tokenizer, prompt_ids)
     head = decode(tokenizer, context, skip)
     text = decode(tokenizer, context + ids, skip)
     return text[len(head):] if text.startswith(head) else decode(tokenizer, ids, skip)

@@ -29,6 +29,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from specserve.beam_search import MAX_BEAM_WIDTH, BeamSearchParams
 from specserve.sampling_params import SamplingParams, StructuredOutputsParams
 from specserve.server.tool_calls import arguments_schema, calls_schema, strict_loads
 
@@ -133,9 +134,21 @@ class StructuredOutputsOptions(OpenAIModel):
 # vLLM's sampling extras that change the output and that we do not implement, with the values
 # that leave them off.
 _UNSUPPORTED_SAMPLING = {
-    "use_beam_search": (None, False), "logits_processors": (None, []),
+    "logits_processors": (None, []),
     "guided_whitespace_pattern": (None,),
 }
+
+
+# What a beam search request may set (the rest of a request's fields sample, constrain, stop on
+# text or stream: refused with use_beam_search); the chat template's options are the chat
+# request's own.
+_BEAM_SEARCH_FIELDS = frozenset({
+    "model", "n", "temperature", "user", "ignore_eos", "cache_salt", "priority",
+    "skip_special_tokens", "include_stop_str_in_output", "truncate_prompt_tokens",
+    "use_beam_search", "length_penalty", "prompt", "max_tokens", "add_special_tokens",
+    "messages", "max_completion_tokens", "chat_template", "chat_template_kwargs",
+    "add_generation_prompt", "continue_final_message", "documents", "include_reasoning",
+    "stream_options", "return_tokens_as_token_ids"})
 
 
 class SamplingRequest(OpenAIModel):
@@ -193,6 +206,10 @@ class SamplingRequest(OpenAIModel):
     speculation: Annotated[SpecTokens | SpeculationOptions | None,
                            one_of("an integer 0..16 or an object with num_speculative_tokens "
                                   "0..16 and/or policy off|static|adaptive")] = None
+    # vLLM's: beam search with n beams, ranked by cum_logprob / length ** length_penalty
+    # (specserve/beam_search.py); only the fields in _BEAM_SEARCH_FIELDS apply to it.
+    use_beam_search: StrictBool = False
+    length_penalty: Annotated[StrictFloat, Field(allow_inf_nan=False)] = 1.0
     # Structured outputs: OpenAI's response_format, or vLLM's structured_outputs.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsOptions | None = None
@@ -217,10 +234,31 @@ class SamplingRequest(OpenAIModel):
             raise ValueError("prompt_logprobs is not available when stream is true")
         if self.truncate_prompt_tokens == 0:
             raise ValueError("truncate_prompt_tokens must be >= 1, or -1 for the model's context")
+        if self.use_beam_search:
+            self._check_beam_search()
         # Parsed once here (they raise for bad input), read by to_sampling_params.
         self._bias_by_id = self._parse_logit_bias()
         self._structured = self._parse_structured_outputs()
         return self
+
+    def _check_beam_search(self) -> None:
+        """Beam search ranks the model's own log-probabilities: what samples, constrains, stops
+        on text or streams does not apply, and is refused rather than ignored."""
+        if self.n > MAX_BEAM_WIDTH:
+            raise ValueError(f"use_beam_search takes n (the beam width) up to {MAX_BEAM_WIDTH}")
+        if self.temperature not in (None, 0):
+            raise ValueError("use_beam_search ranks the model's own log-probabilities: "
+                             "temperature must be 0 or unset")
+        given = [name for name, f in type(self).model_fields.items()
+                 if name not in _BEAM_SEARCH_FIELDS and getattr(self, name) != f.default]
+        if given:
+            raise ValueError(f"{', '.join(given)} cannot be used with use_beam_search (it "
+                             f"takes {', '.join(sorted(_BEAM_SEARCH_FIELDS))})")
+
+    def beam_search_params(self, max_tokens: int) -> BeamSearchParams:
+        return BeamSearchParams(beam_width=self.n, max_tokens=max_tokens,
+                                ignore_eos=self.ignore_eos, length_penalty=self.length_penalty,
+                                include_stop_str_in_output=self.include_stop_str_in_output)
 
     def _parse_structured_outputs(self) -> StructuredOutputsParams | None:
         fmt, so = self.response_format, self.structured_outputs

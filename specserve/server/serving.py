@@ -23,6 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
+from specserve.beam_search import BeamSearch
 from specserve.engine.detokenizer import decode, token_bytes
 from specserve.engine.prompts import encode_chat, encode_prompt, truncate_prompt
 from specserve.lora.request import LoRARequest
@@ -179,14 +180,17 @@ class OpenAIServing:
                 self._check_length(len(ids), max_tokens)
             params = req.to_sampling_params(max_tokens, req.logprobs, self._defaults)
         request_id = f"cmpl-{uuid.uuid4().hex}"
-        stream = await self._submit(request_id, prompt_ids, params, req.n, req.stream,
-                                   req.priority, lora)
         num_prompt_tokens = sum(len(ids) for ids in prompt_ids)
         echo = self._echo(req, prompts, prompt_ids) if req.echo else None
-        if req.stream:
-            events = self._completion_events(request_id, req, stream, prompt_ids, echo)
-            return EventStreamResponse(events, stream)
-        outputs = await collect_outputs(stream, raw)
+        if req.use_beam_search:
+            outputs = await self._beam_search(request_id, prompt_ids, req, max_tokens, lora, raw)
+        else:
+            stream = await self._submit(request_id, prompt_ids, params, req.n, req.stream,
+                                       req.priority, lora)
+            if req.stream:
+                events = self._completion_events(request_id, req, stream, prompt_ids, echo)
+                return EventStreamResponse(events, stream)
+            outputs = await collect_outputs(stream, raw)
         if outputs is None:
             return Response(status_code=_CLIENT_CLOSED)
         choices = []
@@ -222,13 +226,17 @@ class OpenAIServing:
         self._check_priority(req.priority)
         prompt_ids, params, splits_reasoning = await self._chat_prompt(req)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream,
-                                   req.priority, lora)
-        if req.stream:
-            events = self._chat_events(request_id, req, params, splits_reasoning, stream,
-                                       len(prompt_ids))
-            return EventStreamResponse(events, stream)
-        outputs = await collect_outputs(stream, raw)
+        if req.use_beam_search:
+            outputs = await self._beam_search(request_id, [prompt_ids], req,
+                                              self._capped(req.output_limit), lora, raw)
+        else:
+            stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream,
+                                       req.priority, lora)
+            if req.stream:
+                events = self._chat_events(request_id, req, params, splits_reasoning, stream,
+                                           len(prompt_ids))
+                return EventStreamResponse(events, stream)
+            outputs = await collect_outputs(stream, raw)
         if outputs is None:
             return Response(status_code=_CLIENT_CLOSED)
         choices = []
@@ -433,6 +441,37 @@ class OpenAIServing:
             for ids_p in prompt_ids:
                 self.metrics.observe_params(n, params.max_tokens or self.max_model_len - len(ids_p))
         return output_stream
+
+    async def _beam_search(self, request_id: str, prompt_ids: list[list[int]],
+                           req: CompletionRequest | ChatCompletionRequest,
+                           max_tokens: int | None, lora: LoRARequest | None,
+                           raw: Request) -> list[RequestOutput] | None:
+        """vLLM's use_beam_search (specserve/beam_search.py): every step scores the live beams
+        of all prompts as one-token engine requests; each prompt's n beams come back as its n
+        choices, best first. None if the client hung up."""
+        eos = self.engine.engine.model_config.eos_token_ids
+        searches = []
+        with _refused_as_400():
+            for ids in prompt_ids:
+                params = req.beam_search_params(max_tokens or self.max_model_len - len(ids))
+                params.validate()
+                searches.append(BeamSearch(ids, params, eos))
+        step = 0
+        while live := [s for s in searches if not s.done]:
+            counts = [len(s.beams) for s in live]
+            params = dataclasses.replace(live[0].step_params(), cache_salt=req.cache_salt)
+            stream = await self._submit(f"{request_id}-step{step}",
+                                        [ids for s in live for ids in s.pending()], params, 1,
+                                        False, req.priority, lora)
+            outputs = await collect_outputs(stream, raw)
+            if outputs is None:
+                return None
+            scored = iter(outputs)
+            for search, k in zip(live, counts, strict=True):
+                search.advance([next(scored).outputs[0].logprobs[0] for _ in range(k)])
+            step += 1
+        return [out for i, s in enumerate(searches)
+                for out in s.as_outputs(self._tokenizer, f"{request_id}-{i}")]
 
     # ---- streaming ----------------------------------------------------------------------------
     def _echo(self, req: CompletionRequest, prompts: list[str | list[int]],
