@@ -80,6 +80,23 @@ def test_bf16_teacher_without_autocast(tmp_path):
     assert outcome.result.before and outcome.report["recipe"] >= 3
 
 
+def test_a_qwen3_targets_head_trains_and_serves_losslessly(tmp_path):
+    """Qwen3's layers carry q/k norms: the head copied from its last layer does too, and it is
+    saved, loaded and verified like any other."""
+    target = make_tiny_model(tmp_path / "qwen3", arch="qwen3", num_layers=4, seed=3)
+    cfg = EagleConfig(head_vocab=HEAD, minutes=1, max_steps=2, eval_every=2, batch_tokens=512,
+                      show_progress=False)
+    outcome = train_eagle_head(str(target), _items(12, seed=4), tmp_path / "head", cfg,
+                               data_cfg=DataConfig(max_reply_tokens=8, dtype="float32"))
+    assert "layers.0.attn.q_norm.weight" in load_file(str(outcome.path / "model.safetensors"))
+    prompts, params = _mixed_batch()
+    ref = LLM(str(target), dtype="float32", kv_cache_memory=KV).generate(prompts, params)
+    spec = _spec(target, outcome.path)
+    assert [o.outputs[0].token_ids for o in spec.generate(prompts, params)] == \
+        [o.outputs[0].token_ids for o in ref]
+    assert spec.get_stats()["num_draft_tokens"] > 0
+
+
 def test_saved_directory_format(trained):
     target, outcome = trained
     out = outcome.path

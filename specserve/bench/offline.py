@@ -158,23 +158,17 @@ def load_hf_model(dtype: torch.dtype, model: str | None = None,
 def _hf_from_state_dict(loaded):
     """transformers' Llama / Qwen2 / Qwen3 ForCausalLM holding a LoadedModel's weights
     (ours fuse q/k/v and gate/up: split back)."""
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
+    import transformers
 
     c = loaded.config
     if c.architecture == "llama" and c.attention_bias:
         # LlamaConfig's attention_bias also puts a bias on o_proj, which we would leave random.
         raise ValueError(f"{loaded.path}: a llama model with q/k/v biases has no Hugging Face "
                          "equivalent for the baseline")
-    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM),
-                             "qwen3": (Qwen3Config, Qwen3ForCausalLM)}.get(
-                                 c.architecture, (LlamaConfig, LlamaForCausalLM))
+    # By name: transformers before 4.51 has no Qwen3 classes, and needs none for the others.
+    kind = {"qwen2": "Qwen2", "qwen3": "Qwen3"}.get(c.architecture, "Llama")
+    config_cls = getattr(transformers, f"{kind}Config")
+    model_cls = getattr(transformers, f"{kind}ForCausalLM")
     hf = model_cls(config_cls(
         vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
         num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,

@@ -51,8 +51,9 @@ class EagleHead(nn.Module):
                  feature_layers: tuple[int, ...] = (), context: int | None = None):
         super().__init__()
         check_feature_layers(feature_layers, target_cfg.num_layers)
-        # A plain Llama layer whatever the target's (EAGLE-3's heads for Qwen3 have no q/k norm).
-        self.cfg = dataclasses.replace(target_cfg, num_layers=1, qk_norm=False)
+        # The target's kind of layer (Qwen3's q/k norms included): it starts as a copy of the
+        # target's last one (train/eagle.py new_head).
+        self.cfg = dataclasses.replace(target_cfg, num_layers=1)
         self.dtype = dtype  # fc may become a PackedLinear (no .weight) in bf16
         self.feature_layers = tuple(sorted(set(feature_layers)))  # the order rows hold them in
         # Positions before the one it guesses from that the head was trained to read (None: the
