@@ -4,15 +4,16 @@ compete, and the beam_width best continue. A beam that ends in an end-of-sequenc
 aside as finished. The prefix cache keeps each step to the beams' new tokens (and their last
 partial block), so no beam state lives in the engine.
 
-The result is the beam_width best of the finished and the live beams, ranked by
-cum_logprob / length ** length_penalty, where length counts the generated tokens without a final
-end-of-sequence token (Hugging Face's normalisation; vLLM's also counts the prompt).
+The result is the beam_width best finished beams (those cut at max_tokens among them), ranked
+by cum_logprob / length ** length_penalty, where length counts the generated tokens with a final
+end-of-sequence token, as transformers counts them (vLLM's counts the prompt's and not the
+end-of-sequence token). The search stops early only when no live beam can still enter them.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specserve.engine.detokenizer import decode_after
@@ -31,6 +32,7 @@ class BeamSearchParams:
     temperature: float = 0.0
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True  # (not vLLM's: the texts' special tokens, as SamplingParams)
 
     def validate(self) -> None:
         def is_int(x) -> bool:
@@ -78,11 +80,10 @@ class BeamSearchOutput:
     sequences: list[BeamSearchSequence]
 
 
-def beam_score(beam: BeamSearchSequence, eos_token_ids: Sequence[int],
-               length_penalty: float) -> float:
-    out = beam.output_token_ids
-    length = len(out) - (1 if out and out[-1] in eos_token_ids else 0)
-    return beam.cum_logprob / max(length, 1) ** length_penalty
+def beam_score(beam: BeamSearchSequence, length_penalty: float) -> float:
+    """cum_logprob / length ** length_penalty, length the generated tokens (a final
+    end-of-sequence token included), as transformers' beam search ranks finished beams."""
+    return beam.cum_logprob / max(len(beam.tokens) - beam.num_prompt_tokens, 1) ** length_penalty
 
 
 class BeamSearch:
@@ -94,7 +95,9 @@ class BeamSearch:
         self.params = params
         self.eos = () if params.ignore_eos else tuple(eos_token_ids)
         self.beams = [BeamSearchSequence(list(prompt_ids), num_prompt_tokens=len(prompt_ids))]
-        self.finished: list[BeamSearchSequence] = []
+        # The best beam_width finished beams so far, best first, with their scores: one that
+        # falls out of them can never return (the set only grows), so no other is kept.
+        self.finished: list[tuple[float, BeamSearchSequence]] = []
         self.steps = 0
 
     @property
@@ -111,42 +114,61 @@ class BeamSearch:
                               ignore_eos=True, num_speculative_tokens=0)
 
     def advance(self, top: list[dict[int, Logprob]]) -> None:
-        """top: per live beam (in pending's order), its candidates' logprobs."""
-        candidates = []
-        for beam, logprobs in zip(self.beams, top, strict=True):
-            for token, logprob in logprobs.items():
-                candidates.append(BeamSearchSequence(
-                    beam.tokens + [token], beam.logprobs + [{token: logprob}],
-                    beam.cum_logprob + float(logprob), num_prompt_tokens=beam.num_prompt_tokens))
+        """top: per live beam (in pending's order), its candidates' logprobs. Candidates are
+        ranked as numbers first; only those kept become sequences."""
+        width, penalty = self.params.beam_width, self.params.length_penalty
         self.steps += 1
+        candidates = sorted(
+            ((beam.cum_logprob + float(lp), i, token, lp)
+             for i, (beam, lps) in enumerate(zip(self.beams, top, strict=True))
+             for token, lp in lps.items()), key=lambda c: c[0], reverse=True)
         live = []
-        for c in candidates:
-            if c.tokens[-1] in self.eos:
-                c.finish_reason = "stop"
-                self.finished.append(c)
-            else:
-                live.append(c)
-        # Live beams all have the same length: their order is the cumulative logprob's.
-        live.sort(key=lambda b: b.cum_logprob, reverse=True)
-        self.beams = live[:self.params.beam_width]
+        for cum, i, token, lp in candidates:
+            if token in self.eos:
+                self._finish(cum / self.steps ** penalty, "stop",
+                             lambda i=i, token=token, lp=lp, cum=cum: self._extend(i, token, lp,
+                                                                                   cum))
+            elif len(live) < width:
+                live.append(self._extend(i, token, lp, cum))
         if self.steps >= self.params.max_tokens:
-            for b in self.beams:
-                b.finish_reason = "length"
-            self.finished += self.beams
-            self.beams = []
+            for b in live:
+                self._finish(b.cum_logprob / self.steps ** penalty, "length", lambda b=b: b)
+            live = []
+        self.beams = live
+        if live and len(self.finished) == width:
+            # Logprobs are <= 0, so a live beam's cum_logprob only falls; its best possible
+            # score is at the longest length for a positive penalty, else at the next one.
+            length = self.params.max_tokens if penalty > 0 else self.steps + 1
+            best = max(b.cum_logprob for b in live) / length ** penalty
+            if best <= self.finished[-1][0]:
+                self.beams = []  # none can enter the best beam_width any more
+
+    def _extend(self, i: int, token: int, lp: Logprob, cum: float) -> BeamSearchSequence:
+        beam = self.beams[i]
+        return BeamSearchSequence(beam.tokens + [token], beam.logprobs + [{token: lp}], cum,
+                                  num_prompt_tokens=beam.num_prompt_tokens)
+
+    def _finish(self, score: float, reason: str,
+                make: Callable[[], BeamSearchSequence]) -> None:
+        """Keep a finished beam if it is among the best beam_width (made only then)."""
+        if len(self.finished) == self.params.beam_width and score <= self.finished[-1][0]:
+            return
+        beam = make()
+        beam.finish_reason = reason
+        self.finished.append((score, beam))
+        self.finished.sort(key=lambda sb: sb[0], reverse=True)  # stable: earlier first on ties
+        del self.finished[self.params.beam_width:]
 
     def result(self, tokenizer) -> BeamSearchOutput:
         """The beam_width best sequences, their texts decoded (an end-of-sequence token's only
         with include_stop_str_in_output)."""
-        ranked = sorted(self.finished, reverse=True,
-                        key=lambda b: beam_score(b, self.eos, self.params.length_penalty))
-        best = ranked[:self.params.beam_width]
+        best = [b for _, b in self.finished]
         for b in best:
             out = b.output_token_ids
             if b.finish_reason == "stop" and not self.params.include_stop_str_in_output:
                 out = out[:-1]
             b.text = decode_after(tokenizer, b.tokens[:b.num_prompt_tokens], out,
-                                  skip=not self.params.include_stop_str_in_output)
+                                  skip=self.params.skip_special_tokens)
         return BeamSearchOutput(best)
 
     def as_outputs(self, tokenizer, request_id: str) -> list[RequestOutput]:

@@ -60,13 +60,13 @@ def test_finished_beams_are_set_aside_and_ranked_with_the_length_penalty():
     s = BeamSearch([9], params, eos_token_ids=[1])
     s.advance([_lp(t1=-0.5, t2=-1.0, t3=-2.0, t4=-3.0)])  # eos is the likeliest first token
     assert [b.tokens for b in s.beams] == [[9, 2], [9, 3]]
-    assert [b.tokens for b in s.finished] == [[9, 1]]
+    assert [b.tokens for _, b in s.finished] == [[9, 1]]
     s.advance([_lp(t5=-0.1, t6=-3.0), _lp(t7=-0.2, t1=-0.3)])
     assert [b.tokens for b in s.beams] == [[9, 2, 5], [9, 3, 7]]
     s.advance([_lp(t8=-0.1), _lp(t8=-0.1)])
     assert s.done
-    # Scores: [9,1] -0.5 / max(0, 1) = -0.5; [9,2,5,8] -1.2 / 3 = -0.4; [9,3,7,8] -2.3 / 3;
-    # [9,3,1] -2.3 / 1.
+    # Scores (the end-of-sequence token counts in the length): [9,1] -0.5 / 1; [9,2,5,8]
+    # -1.2 / 3 = -0.4; [9,3,7,8] -2.3 / 3; [9,3,1] -0.8 / 2.
     from tiny_models import _tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -76,20 +76,48 @@ def test_finished_beams_are_set_aside_and_ranked_with_the_length_penalty():
     assert [b.finish_reason for b in out.sequences] == ["length", "stop"]
     assert out.sequences[1].text == ""  # the end-of-sequence token is not in the text
     short = BeamSearchSequence([9, 1], cum_logprob=-0.5, num_prompt_tokens=1)
-    assert beam_score(short, [1], 0.0) == -0.5
+    assert beam_score(short, 0.0) == -0.5
     # A heavier penalty favours the longer beam more, a negative one the shorter.
     long = BeamSearchSequence([9, 2, 5, 8], cum_logprob=-1.2, num_prompt_tokens=1)
-    assert beam_score(long, [1], 2.0) > beam_score(short, [1], 2.0)
-    assert beam_score(long, [1], -1.0) < beam_score(short, [1], -1.0)
+    assert beam_score(long, 2.0) > beam_score(short, 2.0)
+    assert beam_score(long, -1.0) < beam_score(short, -1.0)
 
 
-def test_an_eos_ends_beams_on_the_real_engine(tiny):
-    """With end of sequence allowed, every returned beam is either cut at max_tokens or ends
-    at its first end-of-sequence token, and the scores are in order."""
-    _, llm = tiny
-    params = BeamSearchParams(beam_width=4, max_tokens=10)
+@pytest.mark.parametrize(("penalty", "stops"), [(0.0, True), (1.0, False), (-1.0, True)])
+def test_the_search_stops_once_no_live_beam_can_enter_the_best(penalty, stops):
+    """One finished beam at -0.1, the live one at -2 after one step: it can only fall, so it
+    never beats -0.1 unless a positive penalty divides it by up to 100 ** penalty."""
+    s = BeamSearch([9], BeamSearchParams(beam_width=1, max_tokens=100,
+                                         length_penalty=penalty), eos_token_ids=[1])
+    s.advance([_lp(t1=-0.1, t2=-2.0)])
+    assert s.done is stops
+    if not stops:
+        s.advance([_lp(t1=-5.0, t3=-0.2)])
+        assert [b.tokens for _, b in s.finished] == [[9, 1]] and not s.done
+
+
+def test_an_eos_ends_beams_on_the_real_engine(tmp_path):
+    """The tiny model with its most frequent greedy token as end of sequence: beams end there
+    (at their first one), the others are cut at max_tokens, and the scores are in order."""
+    from collections import Counter
+
+    from specserve import SamplingParams
+
+    path = make_tiny_model(tmp_path / "a", seed=11, logit_scale=3.0)
+    greedy = LLM(str(path), dtype="float32", kv_cache_memory=16 << 20).generate(
+        PROMPTS[:2], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    frequent = Counter(t for o in greedy for t in o.outputs[0].token_ids).most_common(1)[0][0]
+    path = make_tiny_model(tmp_path / "b", seed=11, logit_scale=3.0, eos_token_id=frequent)
+    llm = LLM(str(path), dtype="float32", kv_cache_memory=16 << 20)
     eos = llm.engine.model_config.eos_token_ids
-    for out in llm.beam_search(PROMPTS[:2], params):
+    assert frequent in eos  # (beside the tokenizer's <eos>)
+    # Without a length penalty short finished beams win here; with 1 the longest do.
+    short = llm.beam_search(PROMPTS[:2], BeamSearchParams(beam_width=4, max_tokens=10,
+                                                          length_penalty=0.0))
+    long = llm.beam_search(PROMPTS[:2], BeamSearchParams(beam_width=4, max_tokens=10))
+    assert "stop" in {s.finish_reason for o in short for s in o.sequences}
+    assert "length" in {s.finish_reason for o in long for s in o.sequences}
+    for out, penalty in [(o, 0.0) for o in short] + [(o, 1.0) for o in long]:
         assert len(out.sequences) == 4
         for s in out.sequences:
             gen = s.output_token_ids
@@ -98,7 +126,7 @@ def test_an_eos_ends_beams_on_the_real_engine(tiny):
             assert len(s.logprobs) == len(gen)
             assert sum(float(next(iter(e.values()))) for e in s.logprobs) == \
                 pytest.approx(s.cum_logprob)
-        scores = [beam_score(s, eos, 1.0) for s in out.sequences]
+        scores = [beam_score(s, penalty) for s in out.sequences]
         assert scores == sorted(scores, reverse=True)
     assert not llm.engine.has_unfinished_requests()
 

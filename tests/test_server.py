@@ -216,8 +216,9 @@ def test_beam_search_matches_offline(client: openai.OpenAI, llm):
     want = llm.beam_search([chat_ids], BeamSearchParams(beam_width=2, max_tokens=10,
                                                         length_penalty=0.5))[0]
     resp = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10, n=2,
+                                          top_p=1.0, presence_penalty=0, seed=3,  # no effect
                                           extra_body={"use_beam_search": True,
-                                                      "length_penalty": 0.5})
+                                                      "length_penalty": 0.5, "stop": []})
     assert [c.message.content for c in resp.choices] == [s.text for s in want.sequences]
 
 

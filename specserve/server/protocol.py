@@ -148,7 +148,13 @@ _BEAM_SEARCH_FIELDS = frozenset({
     "use_beam_search", "length_penalty", "prompt", "max_tokens", "add_special_tokens",
     "messages", "max_completion_tokens", "chat_template", "chat_template_kwargs",
     "add_generation_prompt", "continue_final_message", "documents", "include_reasoning",
-    "stream_options", "return_tokens_as_token_ids"})
+    "stream_options", "return_tokens_as_token_ids", "seed"})
+# Values given explicitly that leave a sampling field off (allowed beside use_beam_search).
+_NEUTRAL: dict[str, tuple] = {
+    "top_p": (1,), "top_k": (0, -1), "min_p": (0,), "presence_penalty": (0,),
+    "frequency_penalty": (0,), "repetition_penalty": (1,), "stop": ([],), "stop_token_ids": ([],),
+    "bad_words": ([],), "logit_bias": ({},), "min_tokens": (0,), "tool_choice": ("none",),
+    "tools": ([],)}
 
 
 class SamplingRequest(OpenAIModel):
@@ -250,7 +256,8 @@ class SamplingRequest(OpenAIModel):
             raise ValueError("use_beam_search ranks the model's own log-probabilities: "
                              "temperature must be 0 or unset")
         given = [name for name, f in type(self).model_fields.items()
-                 if name not in _BEAM_SEARCH_FIELDS and getattr(self, name) != f.default]
+                 if name not in _BEAM_SEARCH_FIELDS and getattr(self, name) != f.default
+                 and getattr(self, name) not in _NEUTRAL.get(name, ())]
         if given:
             raise ValueError(f"{', '.join(given)} cannot be used with use_beam_search (it "
                              f"takes {', '.join(sorted(_BEAM_SEARCH_FIELDS))})")
@@ -258,7 +265,8 @@ class SamplingRequest(OpenAIModel):
     def beam_search_params(self, max_tokens: int) -> BeamSearchParams:
         return BeamSearchParams(beam_width=self.n, max_tokens=max_tokens,
                                 ignore_eos=self.ignore_eos, length_penalty=self.length_penalty,
-                                include_stop_str_in_output=self.include_stop_str_in_output)
+                                include_stop_str_in_output=self.include_stop_str_in_output,
+                                skip_special_tokens=self.skip_special_tokens)
 
     def _parse_structured_outputs(self) -> StructuredOutputsParams | None:
         fmt, so = self.response_format, self.structured_outputs
