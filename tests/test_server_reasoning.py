@@ -29,8 +29,9 @@ REPLIES = {
 }
 
 
-def _streamed(text: str, cuts: list[int]) -> tuple[str | None, str | None]:
-    reader, reasoning, content = ReasoningReader(), [], []
+def _streamed(text: str, cuts: list[int],
+              reader: ReasoningReader | None = None) -> tuple[str | None, str | None]:
+    reader, reasoning, content = reader or ReasoningReader(), [], []
     for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True):
         r, c = reader.feed(text[a:b])
         reasoning.append(r)
@@ -39,11 +40,32 @@ def _streamed(text: str, cuts: list[int]) -> tuple[str | None, str | None]:
     return "".join(reasoning) + r or None, "".join(content) + c or None
 
 
-def test_qwen3_replies_read_as_deepseek_r1s():
+# Qwen3 (vLLM's qwen3 parser) after a prompt that did not open <think>: a reply that does not
+# open it either answered at once (Qwen3-Instruct-2507 never thinks).
+QWEN3_REPLIES = {
+    "<think>\nAdd them.\n</think>\n\n4": ("\nAdd them.\n", "\n\n4"),
+    "  <think>x</think>y": ("x", "y"),
+    "<think>cut short": ("cut short", None),
+    "The answer is 4.": (None, "The answer is 4."),
+    "4</think>": (None, "4</think>"),  # no reasoning was opened
+    "<thin": (None, "<thin"),
+    "  ": (None, "  "),
+}
+
+
+@pytest.mark.parametrize("text", QWEN3_REPLIES)
+def test_a_qwen3_reply_may_answer_at_once(text: str):
     from specserve.server.reasoning import REASONING_PARSERS
 
-    for text, split in REPLIES.items():
-        assert REASONING_PARSERS["qwen3"]().read(text) == split
+    qwen3 = REASONING_PARSERS["qwen3"]
+    assert qwen3(opened_in_prompt=False).read(text) == QWEN3_REPLIES[text]
+    assert _streamed(text, list(range(1, len(text))), qwen3(opened_in_prompt=False)) == \
+        QWEN3_REPLIES[text]
+    assert not qwen3.reasons_first(False) and qwen3.reasons_first(True)
+    # After a prompt that opened <think> (the Thinking-2507 template), deepseek_r1's reading.
+    if text in REPLIES:
+        assert qwen3(opened_in_prompt=True).read(text) == REPLIES[text]
+    assert qwen3(opened_in_prompt=True).read("Add them.</think>4") == ("Add them.", "4")
 
 
 @pytest.mark.parametrize("text", REPLIES)

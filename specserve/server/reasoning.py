@@ -22,10 +22,20 @@ class ReasoningReader:
 
     START, END = "<think>", "</think>"
 
-    def __init__(self) -> None:
+    def __init__(self, opened_in_prompt: bool = True) -> None:
         self._buf = ""
         self._started = False  # whether the reply's start is known not to be (part of) START
         self._answering = False
+        # Whether a reply that does not open with START is all answer (Qwen3ReasoningReader).
+        self._may_answer_at_once = not opened_in_prompt and self.MAY_SKIP
+
+    MAY_SKIP = False  # whether a model may answer without reasoning when the prompt lets it
+
+    @classmethod
+    def reasons_first(cls, opened_in_prompt: bool) -> bool:
+        """Whether the reply surely starts with reasoning (a structured output then starts
+        after END); otherwise the answer may come at once and is constrained from the start."""
+        return opened_in_prompt or not cls.MAY_SKIP
 
     def feed(self, text: str) -> tuple[str, str]:
         """The reply's new text -> (new reasoning, new content)."""
@@ -39,6 +49,9 @@ class ReasoningReader:
             self._started = True
             if head.startswith(self.START):
                 self._buf = head[len(self.START):]
+            elif self._may_answer_at_once:
+                text, self._buf, self._answering = self._buf, "", True
+                return "", text
         at = self._buf.find(self.END)
         if at >= 0:
             reasoning, content = self._buf[:at], self._buf[at + len(self.END):]
@@ -52,6 +65,8 @@ class ReasoningReader:
         rest, self._buf = self._buf, ""
         if not self._started and rest.strip() == self.START:
             rest = ""
+        if not self._started and self._may_answer_at_once:
+            return "", rest  # (whitespace, or the start of START, and no more)
         return rest, ""
 
     def read(self, text: str) -> tuple[str | None, str | None]:
@@ -61,9 +76,18 @@ class ReasoningReader:
         return (reasoning + more) or None, (content + rest) or None
 
 
-# --reasoning-parser's choices. Qwen3 writes the same tags; its template closes the reasoning
-# in the prompt when asked not to think (enable_thinking: false), which the server reads. Unlike
-# vLLM's qwen3 parser, a reply cut short before `</think>` stays reasoning here, so that a
-# streamed reply splits as the whole one does.
+class Qwen3ReasoningReader(ReasoningReader):
+    """Qwen3's format, vLLM's `qwen3` parser: the same tags, but a reply may answer without
+    reasoning. Its hybrid models write `<think>` themselves (the template closes the reasoning
+    in the prompt when asked not to think); the Instruct-2507 models never think; the
+    Thinking-2507 template opens `<think>` in the prompt. So a reply that does not open with
+    `<think>`, after a prompt that did not open it either, is all answer. As for deepseek_r1, a
+    reply cut short before `</think>` stays reasoning, so that a streamed reply splits as the
+    whole one does (vLLM's reads a whole one as all answer)."""
+
+    MAY_SKIP = True
+
+
+# --reasoning-parser's choices.
 REASONING_PARSERS: dict[str, type[ReasoningReader]] = {"deepseek_r1": ReasoningReader,
-                                                       "qwen3": ReasoningReader}
+                                                       "qwen3": Qwen3ReasoningReader}

@@ -4,8 +4,9 @@ and tool calls (a call reader). The chat endpoint and the Responses API read ali
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
-from specserve.server.reasoning import REASONING_PARSERS, ReasoningReader
+from specserve.server.reasoning import ReasoningReader
 from specserve.server.tool_calls import CallDelta, CallReader, call_reader
 
 
@@ -43,13 +44,13 @@ class ReplyReader:
         return finish_reason
 
 
-def reply_reader(req, tool_call_parser: str | None, reasoning_parser: str | None
-                 ) -> ReplyReader | None:
-    """How one choice of a chat request is read (None: as text). reasoning_parser: None for a
-    reply without reasoning to split off."""
+def reply_reader(req, tool_call_parser: str | None,
+                 reasoning: Callable[[], ReasoningReader] | None) -> ReplyReader | None:
+    """How one choice of a chat request is read (None: as text). reasoning: makes the reply's
+    reasoning reader; None for a reply without reasoning to split off."""
     named = req.tool_choice.function.name if req.tool_mode == "named" else None
     calls = call_reader(req.tool_mode, tool_call_parser, named, req.parallel_tool_calls)
-    reasoning = REASONING_PARSERS[reasoning_parser]() if reasoning_parser else None
+    reasoning = reasoning() if reasoning is not None else None
     if calls is None and reasoning is None:
         return None
     return ReplyReader(reasoning, calls, req.include_reasoning, req.tool_mode)

@@ -68,7 +68,7 @@ from specserve.server.protocol import (
     UnloadLoRAAdapterRequest,
     UsageInfo,
 )
-from specserve.server.reasoning import REASONING_PARSERS
+from specserve.server.reasoning import REASONING_PARSERS, ReasoningReader
 from specserve.server.replies import ReplyReader, reply_reader
 from specserve.server.response_events import ResponseEvents, response_events, whole_response
 from specserve.server.responses import ResponsesRequest
@@ -224,7 +224,7 @@ class OpenAIServing:
     async def chat(self, req: ChatCompletionRequest, raw: Request) -> Response:
         lora = self.check_model(req.model)
         self._check_priority(req.priority)
-        prompt_ids, params, splits_reasoning = await self._chat_prompt(req)
+        prompt_ids, params, reasoning_reader = await self._chat_prompt(req)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         if req.use_beam_search:
             outputs = await self._beam_search(request_id, [prompt_ids], req,
@@ -233,7 +233,7 @@ class OpenAIServing:
             stream = await self._submit(request_id, [prompt_ids], params, req.n, req.stream,
                                        req.priority, lora)
             if req.stream:
-                events = self._chat_events(request_id, req, params, splits_reasoning, stream,
+                events = self._chat_events(request_id, req, params, reasoning_reader, stream,
                                            len(prompt_ids))
                 return EventStreamResponse(events, stream)
             outputs = await collect_outputs(stream, raw)
@@ -246,7 +246,7 @@ class OpenAIServing:
                         else self._chat_logprobs(c.token_ids, c.logprobs, req.top_logprobs or 0,
                                                  req.return_tokens_as_token_ids))
             message, finish_reason = ChatResponseMessage(content=c.text), c.finish_reason
-            if (reader := self._reply_reader(req, params, splits_reasoning)) is not None:
+            if (reader := self._reply_reader(req, params, reasoning_reader)) is not None:
                 reasoning, content, parts = reader.feed(c.text, finished=True)
                 calls = [ToolCall(id=call_id, function=FunctionCall(name=name, arguments=args))
                          for call_id, name, args in merge_calls(parts)]
@@ -266,10 +266,10 @@ class OpenAIServing:
         return _json(body)
 
     async def _chat_prompt(self, req: ChatCompletionRequest
-                           ) -> tuple[list[int], SamplingParams, bool]:
+                           ) -> tuple[list[int], SamplingParams,
+                                      functools.partial[ReasoningReader] | None]:
         """A conversation's prompt ids, sampling parameters (400s for what is refused), and
-        whether the reply starts with reasoning to split off (a reasoning parser, and a prompt
-        that does not close the reasoning itself, as a template asked not to think does)."""
+        what makes the reply's reasoning reader (_reasoning_reader; None: nothing to split)."""
         if req.tool_mode == "auto" and self.tool_call_parser is None:
             # As vLLM: the model's own call format is read only by a parser chosen for it.
             raise APIError(400, 'tool_choice "auto" (the default with tools) needs the server '
@@ -287,31 +287,38 @@ class OpenAIServing:
                 # A model's call tags may be special tokens (Hermes 2 Pro's are): they must
                 # reach the parser, as vLLM's hermes parser keeps them.
                 params.skip_special_tokens = False
-            splits_reasoning = self.reasoning_parser is not None and not self._closes_reasoning(
-                prompt_ids)
-            if splits_reasoning and params.structured_outputs is not None:
+            reader = self._reasoning_reader(prompt_ids)
+            if reader is not None and params.structured_outputs is not None and \
+                    reader.func.reasons_first(*reader.args):
                 # A reasoning model reasons first, freely; its answer is constrained (vLLM's).
                 params.structured_outputs = dataclasses.replace(
-                    params.structured_outputs,
-                    starts_after=REASONING_PARSERS[self.reasoning_parser].END)
-        return prompt_ids, params, splits_reasoning
+                    params.structured_outputs, starts_after=reader.func.END)
+        return prompt_ids, params, reader
 
-    def _closes_reasoning(self, prompt_ids: list[int]) -> bool:
-        """Whether the prompt ends with the end of reasoning (`</think>`, as a template writes
-        it when asked not to think): the reply is then all answer."""
-        end = REASONING_PARSERS[self.reasoning_parser].END
-        return decode(self._tokenizer, prompt_ids[-16:], False).rstrip().endswith(end)
+    def _reasoning_reader(self, prompt_ids: list[int]
+                          ) -> functools.partial[ReasoningReader] | None:
+        """How the reply's reasoning is read: None without a parser, or after a prompt that
+        ends with the end of reasoning (`</think>`, as a template writes it when asked not to
+        think: the reply is all answer); else the parser's reader, told whether the prompt
+        opened the reasoning (a template that opens `<think>` for the model)."""
+        if self.reasoning_parser is None:
+            return None
+        parser = REASONING_PARSERS[self.reasoning_parser]
+        tail = decode(self._tokenizer, prompt_ids[-16:], False).rstrip()
+        if tail.endswith(parser.END):
+            return None
+        return functools.partial(parser, tail.endswith(parser.START))
 
     async def responses(self, req: ResponsesRequest, raw: Request) -> Response:
         """OpenAI's Responses API, run as the chat request it means (responses.py)."""
         lora = self.check_model(req.model)
         self._check_priority(req.chat.priority)
         chat = req.chat
-        prompt_ids, params, splits_reasoning = await self._chat_prompt(chat)
+        prompt_ids, params, reasoning_reader = await self._chat_prompt(chat)
         response_id = new_id("resp")
         stream = await self._submit(response_id, [prompt_ids], params, 1, req.stream,
                                    chat.priority, lora)
-        reader = self._reply_reader(chat, params, splits_reasoning)
+        reader = self._reply_reader(chat, params, reasoning_reader)
         events = ResponseEvents(response_id, self.served_name(req), req, self._cache_block,
                                 lambda text: len(encode_prompt(self._tokenizer, text, False)))
         if req.stream:
@@ -541,7 +548,8 @@ class OpenAIServing:
                                      choices=[], usage=_usage(num_prompt_tokens, final, req.n))
 
     async def _chat_events(self, request_id: str, req: ChatCompletionRequest,
-                           params: SamplingParams, splits_reasoning: bool,
+                           params: SamplingParams,
+                           reasoning_reader: functools.partial[ReasoningReader] | None,
                            stream: OutputStream, num_prompt_tokens: int
                            ) -> AsyncIterator[BaseModel | str]:
         created, model = int(time.time()), self.served_name(req)
@@ -568,7 +576,7 @@ class OpenAIServing:
             [ChatStreamChoice(index=i, delta=DeltaMessage(content=text))]))
         reasoning_chunk = TextChunk(lambda i, text: chunk(
             [ChatStreamChoice(index=i, delta=DeltaMessage(reasoning_content=text))]))
-        readers = [self._reply_reader(req, params, splits_reasoning)
+        readers = [self._reply_reader(req, params, reasoning_reader)
                    for _ in range(num_choices)]
         async for i, out in stream:
             c = out.outputs[0]
@@ -606,11 +614,13 @@ class OpenAIServing:
             yield chunk([], _usage(num_prompt_tokens, final, req.n))
 
     def _reply_reader(self, req: ChatCompletionRequest, params: SamplingParams,
-                      splits_reasoning: bool) -> ReplyReader | None:
-        """splits_reasoning: whether the reply starts with reasoning (_chat_prompt)."""
+                      reasoning_reader: functools.partial[ReasoningReader] | None
+                      ) -> ReplyReader | None:
+        """reasoning_reader: makes the reply's reasoning reader (_chat_prompt); an answer
+        constrained from its start has none."""
         so = params.structured_outputs
-        split = splits_reasoning and (so is None or so.starts_after is not None)
-        return reply_reader(req, self.tool_call_parser, self.reasoning_parser if split else None)
+        split = reasoning_reader is not None and (so is None or so.starts_after is not None)
+        return reply_reader(req, self.tool_call_parser, reasoning_reader if split else None)
 
     # ---- logprobs -----------------------------------------------------------------------------
     def _decode_token(self, token_id: int) -> str:
