@@ -360,9 +360,9 @@ class LLMEngine:
 
     def _loaded_lora(self, lora_request: LoRARequest) -> LoRAAdapter:
         adapter = self.loras.get(lora_request.lora_int_id)
-        if adapter is None or adapter.request.lora_name != lora_request.lora_name or not \
-                _same_path(adapter.request.lora_path, lora_request.lora_path):
-            # (an id now held by other weights is the same case: never run a request with them)
+        if adapter is None or adapter.request != lora_request:
+            # (an id now held by other weights is the same case: never run a request with them;
+            # the server passes the very LoRARequest it loaded, so no path is resolved here)
             raise ValueError(f"LoRA adapter {lora_request.lora_name!r} is not loaded (unloaded "
                              "meanwhile?)")
         return adapter
