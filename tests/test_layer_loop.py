@@ -64,6 +64,19 @@ def test_loop_matches_the_model_bit_for_bit(tiny, kwargs):
         assert torch.equal(gk, wk) and torch.equal(gv, wv)
 
 
+@pytest.mark.parametrize("kwargs", [{"dtype": "float32"}, {"dtype": "bfloat16"},
+                                    {"dtype": "bfloat16", "quantization": "int4"}])
+def test_loop_runs_qwen3s_q_k_norms_bit_for_bit(tmp_path, kwargs):
+    """Qwen3: the per-head q/k norms run in the loop as Attention.norm_qk runs them."""
+    qwen3 = str(make_tiny_model(tmp_path / "qwen3", arch="qwen3", num_layers=3, seed=2))
+    llm = LLM(qwen3, kv_cache_memory=8 << 20, **kwargs)
+    assert llm.engine.runner.layer_loop is not None
+    want, got, want_pools, got_pools = _step_both_ways(llm)
+    assert torch.equal(got, want)
+    for (wk, wv), (gk, gv) in zip(want_pools, got_pools, strict=True):
+        assert torch.equal(gk, wk) and torch.equal(gv, wv)
+
+
 def test_loop_runs_int4_twins_as_the_module_does(tiny, monkeypatch):
     """An int4 linear with a bf16 twin (what an int4 draft builds) runs the twin past
     INT4_KERNEL_MAX_ROWS rows, in the loop exactly as in Python; the step has 5 rows."""

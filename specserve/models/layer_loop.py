@@ -62,8 +62,8 @@ class LayerLoop:
     def build(cls, model: nn.Module, kv_caches: list[LayerKVCache],
               block_size: int) -> LayerLoop | None:
         ext = paged_attention_ext.module()
-        if ext is None or type(model) is not LlamaModel or model.cfg.qk_norm:
-            return None  # (Qwen3's q/k norms are not in the C++ loop)
+        if ext is None or type(model) is not LlamaModel:
+            return None
         dtype = model.embed_tokens.weight.dtype
         if model.embed_tokens.weight.device.type != "cpu" or dtype not in (torch.bfloat16,
                                                                           torch.float32):
@@ -84,6 +84,12 @@ class LayerLoop:
                 tensors += [t.detach() for t in ts]
                 ints += ks
             tensors += [cache.k, cache.v, cache.k_scale, cache.v_scale]
+            if layer.attn.q_norm is None:
+                tensors += [_EMPTY, _EMPTY]
+            elif layer.attn.q_norm.weight.dtype != dtype:
+                return None
+            else:
+                tensors += [layer.attn.q_norm.weight.detach(), layer.attn.k_norm.weight.detach()]
         cfg = model.cfg
         attn = model.layers[0].attn
         plan_id = ext.register_layer_plan(tensors, ints, cfg.num_heads, cache_format.pop(),

@@ -12,6 +12,7 @@
 #include <ATen/ops/_weight_int4pack_mm_for_cpu.h>
 #include <ATen/ops/_weight_int8pack_mm.h>
 #include <ATen/ops/add.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/linear.h>
 #include <ATen/record_function.h>
 
@@ -42,6 +43,7 @@ struct PlanLayer {
   at::Tensor in_norm, post_norm;
   PlanLinear qkv, o, gate_up, down;
   at::Tensor k_cache, v_cache, k_scale, v_scale;
+  at::Tensor q_norm, k_norm;  // Qwen3's per-head norms; undefined for other models
 };
 
 struct Plan {
@@ -96,17 +98,29 @@ at::Tensor run_linear(const PlanLinear& l, const at::Tensor& x, int64_t int4_max
   }
 }
 
+// Qwen3: RMSNorm over each query and key head of qkv [n, (H + 2 KVH) * D], as
+// Attention.norm_qk does it (heads as the rows of a contiguous copy, the same kernel).
+at::Tensor norm_qk(const at::Tensor& qkv, const PlanLayer& l, int64_t num_heads, double eps) {
+  if (!l.q_norm.defined()) return qkv;
+  const int64_t n = qkv.size(0), d = l.q_norm.size(0), q_size = num_heads * d;
+  const int64_t kv_size = (qkv.size(1) - q_size) / 2;
+  const auto parts = qkv.split_with_sizes({q_size, kv_size, kv_size}, 1);
+  const at::Tensor q = rms_norm(parts[0].reshape({-1, d}), l.q_norm, eps).view({n, q_size});
+  const at::Tensor k = rms_norm(parts[1].reshape({-1, d}), l.k_norm, eps).view({n, kv_size});
+  return at::cat({q, k, parts[2]}, 1);
+}
+
 }  // namespace
 
-// Per layer, 18 tensors: input norm, post-attention norm, then (w, aux, bias) for qkv, o,
-// gate_up, down, then k_cache, v_cache, k_scale, v_scale (empty tensors where absent); and 8
-// ints: (kind, group) for the four linears. An int4 linear's bias slot holds its packed bf16
-// twin, or is empty. Returns the plan's id.
+// Per layer, 20 tensors: input norm, post-attention norm, then (w, aux, bias) for qkv, o,
+// gate_up, down, then k_cache, v_cache, k_scale, v_scale, q_norm, k_norm (empty tensors where
+// absent); and 8 ints: (kind, group) for the four linears. An int4 linear's bias slot holds its
+// packed bf16 twin, or is empty. Returns the plan's id.
 int64_t register_layer_plan(std::vector<at::Tensor> tensors, std::vector<int64_t> ints,
                             int64_t num_heads, int64_t kv_format, int64_t block_size, double eps,
                             double scale, int64_t int4_max_rows) {
-  TORCH_CHECK(tensors.size() % 18 == 0 && ints.size() * 18 == tensors.size() * 8,
-              "register_layer_plan: 18 tensors and 8 ints per layer");
+  TORCH_CHECK(tensors.size() % 20 == 0 && ints.size() * 20 == tensors.size() * 8,
+              "register_layer_plan: 20 tensors and 8 ints per layer");
   auto plan = std::make_shared<Plan>();
   plan->num_heads = num_heads;
   plan->kv_format = kv_format;
@@ -114,8 +128,8 @@ int64_t register_layer_plan(std::vector<at::Tensor> tensors, std::vector<int64_t
   plan->eps = eps;
   plan->scale = scale;
   plan->int4_max_rows = int4_max_rows;
-  for (size_t i = 0; i < tensors.size() / 18; ++i) {
-    const at::Tensor* t = tensors.data() + 18 * i;
+  for (size_t i = 0; i < tensors.size() / 20; ++i) {
+    const at::Tensor* t = tensors.data() + 20 * i;
     const int64_t* k = ints.data() + 8 * i;
     PlanLayer layer;
     layer.in_norm = t[0];
@@ -136,6 +150,10 @@ int64_t register_layer_plan(std::vector<at::Tensor> tensors, std::vector<int64_t
     layer.v_cache = t[15];
     layer.k_scale = t[16];
     layer.v_scale = t[17];
+    layer.q_norm = optional_tensor(t[18]);
+    layer.k_norm = optional_tensor(t[19]);
+    TORCH_CHECK(layer.q_norm.defined() == layer.k_norm.defined(),
+                "register_layer_plan: q_norm and k_norm come together");
     plan->layers.push_back(std::move(layer));
   }
   std::lock_guard<std::mutex> lock(plans_mu);
@@ -178,7 +196,8 @@ std::tuple<at::Tensor, at::Tensor, std::vector<at::Tensor>> run_layer_plan(
     } else {
       add_rms_norm_(h, residual, l.in_norm, plan->eps);
     }
-    const at::Tensor qkv = run_linear(l.qkv, h, plan->int4_max_rows);
+    const at::Tensor qkv =
+        norm_qk(run_linear(l.qkv, h, plan->int4_max_rows), l, plan->num_heads, plan->eps);
     const at::Tensor q = rope_write_kv(qkv, cos, sin, slots, l.k_cache, l.v_cache,
                                        plan->num_heads, l.k_scale, l.v_scale, plan->kv_format);
     at::Tensor attn;
