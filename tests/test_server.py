@@ -704,6 +704,7 @@ def test_text_chunk_with_usage_equals_the_pydantic_model():
     ("/v1/chat/completions", {"use_beam_search": True, "temperature": 0.8}, "temperature"),
     ("/v1/chat/completions", {"use_beam_search": True, "logprobs": True}, "logprobs"),
     ("/v1/completions", {"use_beam_search": True, "n": 11}, "n (the beam width)"),
+    ("/v1/completions", {"length_penalty": 0.5}, "length_penalty"),
     ("/v1/completions", {"logits_processors": ["my.module:Processor"]}, "logits_processors"),
     ("/v1/chat/completions", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),

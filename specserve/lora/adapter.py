@@ -141,7 +141,7 @@ def load_adapter(request: LoRARequest, cfg: ModelConfig, max_rank: int, dtype: t
         update = LoRALinear(a_t.to(device, dtype), b_t.to(device, dtype))
         if torch.device(device).type == "cpu" and dtype != torch.float32:
             # The rounded weights, widened: a step of few rows computes in fp32 with the very
-            # weights a larger one uses, so a request's update does not change with its batch.
+            # weights a larger one uses in bf16 (only the accumulation's precision differs).
             update.a32, update.b32 = update.a.float(), update.b.float()
         layers[layer][fused] = update
         nbytes += sum(t.nbytes for t in (update.a, update.b, update.a32, update.b32)

@@ -242,6 +242,8 @@ class SamplingRequest(OpenAIModel):
             raise ValueError("truncate_prompt_tokens must be >= 1, or -1 for the model's context")
         if self.use_beam_search:
             self._check_beam_search()
+        elif self.length_penalty != 1.0:
+            raise ValueError("length_penalty applies only with use_beam_search")
         # Parsed once here (they raise for bad input), read by to_sampling_params.
         self._bias_by_id = self._parse_logit_bias()
         self._structured = self._parse_structured_outputs()
