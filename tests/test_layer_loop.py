@@ -47,6 +47,17 @@ def _step_both_ways(llm: LLM, aux_layers: tuple[int, ...] = ()):
     return want, got, want_pools, [(c.k, c.v) for c in runner.kv_caches]
 
 
+def _assert_step_is_exact(llm: LLM) -> torch.Tensor:
+    """The engine runs the loop, and its step gives the model's hidden states and KV pools bit
+    for bit (_step_both_ways); returns the loop's hidden states."""
+    assert llm.engine.runner.layer_loop is not None
+    want, got, want_pools, got_pools = _step_both_ways(llm)
+    assert torch.equal(got, want)
+    for (wk, wv), (gk, gv) in zip(want_pools, got_pools, strict=True):
+        assert torch.equal(gk, wk) and torch.equal(gv, wv)
+    return got
+
+
 @pytest.mark.parametrize("kwargs", [
     {"dtype": "float32"},                         # oneDNN-packed fp32
     {"dtype": "bfloat16"},                        # packed bf16 (or its fp32 image, see below)
@@ -57,11 +68,7 @@ def _step_both_ways(llm: LLM, aux_layers: tuple[int, ...] = ()):
 ])
 def test_loop_matches_the_model_bit_for_bit(tiny, kwargs):
     llm = LLM(tiny, kv_cache_memory=8 << 20, **kwargs)
-    assert llm.engine.runner.layer_loop is not None
-    want, got, want_pools, got_pools = _step_both_ways(llm)
-    assert torch.equal(got, want)
-    for (wk, wv), (gk, gv) in zip(want_pools, got_pools, strict=True):
-        assert torch.equal(gk, wk) and torch.equal(gv, wv)
+    _assert_step_is_exact(llm)
 
 
 @pytest.mark.parametrize("kwargs", [{"dtype": "float32"}, {"dtype": "bfloat16"},
@@ -70,11 +77,7 @@ def test_loop_runs_qwen3s_q_k_norms_bit_for_bit(tmp_path, kwargs):
     """Qwen3: the per-head q/k norms run in the loop as Attention.norm_qk runs them."""
     qwen3 = str(make_tiny_model(tmp_path / "qwen3", arch="qwen3", num_layers=3, seed=2))
     llm = LLM(qwen3, kv_cache_memory=8 << 20, **kwargs)
-    assert llm.engine.runner.layer_loop is not None
-    want, got, want_pools, got_pools = _step_both_ways(llm)
-    assert torch.equal(got, want)
-    for (wk, wv), (gk, gv) in zip(want_pools, got_pools, strict=True):
-        assert torch.equal(gk, wk) and torch.equal(gv, wv)
+    _assert_step_is_exact(llm)
 
 
 def test_loop_runs_int4_twins_as_the_module_does(tiny, monkeypatch):
@@ -94,11 +97,7 @@ def test_loop_runs_int4_twins_as_the_module_does(tiny, monkeypatch):
     llm = LLM(tiny, kv_cache_memory=8 << 20, dtype="bfloat16", quantization="int4")
     qkv = llm.engine.model.layers[0].attn.qkv_proj
     assert isinstance(qkv, Int4Linear) and qkv.twin is not None and INT4_KERNEL_MAX_ROWS < 5
-    assert llm.engine.runner.layer_loop is not None
-    want, got, want_pools, got_pools = _step_both_ways(llm)
-    assert torch.equal(got, want)
-    for (wk, wv), (gk, gv) in zip(want_pools, got_pools, strict=True):
-        assert torch.equal(gk, wk) and torch.equal(gv, wv)
+    _assert_step_is_exact(llm)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -121,11 +120,7 @@ def test_loop_runs_bf16_as_fp32_images_where_bf16_gemms_are_not_native(tiny, mon
     llm = LLM(tiny, kv_cache_memory=8 << 20, dtype="bfloat16")
     qkv = llm.engine.model.layers[0].attn.qkv_proj
     assert isinstance(qkv, linear.PackedLinear) and qkv.upcast
-    assert llm.engine.runner.layer_loop is not None
-    want, got, want_pools, got_pools = _step_both_ways(llm)
-    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
-    for (wk, wv), (gk, gv) in zip(want_pools, got_pools, strict=True):
-        assert torch.equal(gk, wk) and torch.equal(gv, wv)
+    assert _assert_step_is_exact(llm).dtype == torch.bfloat16
 
 
 def test_loop_declines_what_it_cannot_run_exactly(tiny, tmp_path, monkeypatch):
