@@ -80,10 +80,22 @@ class BeamSearchOutput:
     sequences: list[BeamSearchSequence]
 
 
+def normalized(cum_logprob: float, length: int, length_penalty: float) -> float:
+    """cum_logprob / length ** length_penalty: how transformers' beam search ranks finished
+    beams, length the generated tokens (a final end-of-sequence token included)."""
+    return cum_logprob / max(length, 1) ** length_penalty
+
+
 def beam_score(beam: BeamSearchSequence, length_penalty: float) -> float:
-    """cum_logprob / length ** length_penalty, length the generated tokens (a final
-    end-of-sequence token included), as transformers' beam search ranks finished beams."""
-    return beam.cum_logprob / max(len(beam.tokens) - beam.num_prompt_tokens, 1) ** length_penalty
+    return normalized(beam.cum_logprob, len(beam.output_token_ids), length_penalty)
+
+
+def advance_all(searches: list[BeamSearch], top: list[dict[int, Logprob]]) -> None:
+    """Advance live searches from the top logprobs of all their beams, flat, in the order of
+    their pending() lists joined."""
+    scored = iter(top)
+    for search in searches:
+        search.advance([next(scored) for _ in search.beams])
 
 
 class BeamSearch:
@@ -125,21 +137,22 @@ class BeamSearch:
         live = []
         for cum, i, token, lp in candidates:
             if token in self.eos:
-                self._finish(cum / self.steps ** penalty, "stop",
+                self._finish(normalized(cum, self.steps, penalty), "stop",
                              lambda i=i, token=token, lp=lp, cum=cum: self._extend(i, token, lp,
                                                                                    cum))
             elif len(live) < width:
                 live.append(self._extend(i, token, lp, cum))
         if self.steps >= self.params.max_tokens:
             for b in live:
-                self._finish(b.cum_logprob / self.steps ** penalty, "length", lambda b=b: b)
+                self._finish(normalized(b.cum_logprob, self.steps, penalty), "length",
+                             lambda b=b: b)
             live = []
         self.beams = live
         if live and len(self.finished) == width:
             # Logprobs are <= 0, so a live beam's cum_logprob only falls; its best possible
             # score is at the longest length for a positive penalty, else at the next one.
             length = self.params.max_tokens if penalty > 0 else self.steps + 1
-            best = max(b.cum_logprob for b in live) / length ** penalty
+            best = normalized(max(b.cum_logprob for b in live), length, penalty)
             if best <= self.finished[-1][0]:
                 self.beams = []  # none can enter the best beam_width any more
 

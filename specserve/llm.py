@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.progress import MofNCompleteColumn, Progress
 
-from specserve.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
+from specserve.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams, advance_all
 from specserve.config import CacheConfig, EngineConfig, SchedulerConfig
 from specserve.engine.llm_engine import LLMEngine
 from specserve.engine.prompts import encode_prompt, render_chat
@@ -121,20 +121,19 @@ class LLM:
             searches.append(BeamSearch(ids, params, self.engine.model_config.eos_token_ids))
             salts.append(p.get("cache_salt") if isinstance(p, dict) else None)
         while live := [i for i, s in enumerate(searches) if not s.done]:
-            groups: list[list[str]] = []
+            request_ids: list[str] = []
             try:
                 for i in live:
                     step = replace(searches[i].step_params(), cache_salt=salts[i])
-                    groups.append([self.engine.add_request(ids, step,
-                                                           lora_request=lora_request).request_id
-                                   for ids in searches[i].pending()])
+                    request_ids += [self.engine.add_request(ids, step,
+                                                            lora_request=lora_request).request_id
+                                    for ids in searches[i].pending()]
             except BaseException:
-                for rid in (r for g in groups for r in g):
+                for rid in request_ids:
                     self.engine.abort_request(rid)
                 raise
-            outs = iter(self._run([r for g in groups for r in g]))
-            for i, g in zip(live, groups, strict=True):
-                searches[i].advance([next(outs).outputs[0].logprobs[0] for _ in g])
+            advance_all([searches[i] for i in live],
+                        [out.outputs[0].logprobs[0] for out in self._run(request_ids)])
         return [s.result(tokenizer) for s in searches]
 
     def chat(self, messages: list[dict] | list[list[dict]],

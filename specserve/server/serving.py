@@ -23,7 +23,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel
 
-from specserve.beam_search import BeamSearch
+from specserve.beam_search import BeamSearch, advance_all
 from specserve.engine.detokenizer import decode, token_bytes
 from specserve.engine.prompts import encode_chat, encode_prompt, truncate_prompt
 from specserve.lora.request import LoRARequest
@@ -465,7 +465,6 @@ class OpenAIServing:
                 searches.append(BeamSearch(ids, params, eos))
         step = 0
         while live := [s for s in searches if not s.done]:
-            counts = [len(s.beams) for s in live]
             params = dataclasses.replace(live[0].step_params(), cache_salt=req.cache_salt)
             stream = await self._submit(f"{request_id}-step{step}",
                                         [ids for s in live for ids in s.pending()], params, 1,
@@ -473,9 +472,7 @@ class OpenAIServing:
             outputs = await collect_outputs(stream, raw)
             if outputs is None:
                 return None
-            scored = iter(outputs)
-            for search, k in zip(live, counts, strict=True):
-                search.advance([next(scored).outputs[0].logprobs[0] for _ in range(k)])
+            advance_all(live, [out.outputs[0].logprobs[0] for out in outputs])
             step += 1
         return [out for i, s in enumerate(searches)
                 for out in s.as_outputs(self._tokenizer, f"{request_id}-{i}")]
