@@ -16,6 +16,7 @@ from specserve import LLM, SamplingParams
 
 SPEC_CONFIGS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+    "suffix": {"method": "suffix", "num_speculative_tokens": 4},
     "self-draft": {"method": "draft", "num_speculative_tokens": 3, "draft_layers": 2},
 }
 
@@ -61,7 +62,7 @@ def test_greedy_speculation_is_token_identical(llm, spec_llm):
     stats = spec_llm.get_stats()
     assert stats["num_draft_tokens"] > 0
     assert stats["kv_blocks_free"] == stats["kv_blocks_total"]
-    if spec_llm.engine.proposer.name == "ngram":  # the records are copied: drafts get accepted
+    if spec_llm.engine.proposer.name != "draft":  # the records are copied: drafts get accepted
         assert stats["num_accepted_tokens"] > 0
 
 
@@ -533,13 +534,15 @@ def _penalised_probs(model, prefixes: torch.Tensor, num_prompt: int, temperature
     return (logits / temperature).softmax(-1)
 
 
-@pytest.mark.parametrize("penalty", [0.0, 1.5])
-def test_random_sampling_with_ngram_drafts_matches_the_target(tmp_path, penalty):
-    """n-gram drafts are point masses: an accepted guess, a recovered token drawn from p
-    without the guess, a bonus token, here under frequency and presence penalties (the first
-    token's output counts in the second's row). The first three tokens' frequencies against the
-    exact target distribution, end to end. (Whether a row counts the guesses before it is left
-    to test_penalties.py: here too few rows follow an accepted guess to see it.)"""
+@pytest.mark.parametrize(("method", "penalty"), [("ngram", 0.0), ("ngram", 1.5), ("suffix", 0.0)])
+def test_random_sampling_with_ngram_drafts_matches_the_target(tmp_path, method, penalty):
+    """n-gram drafts are point masses, and so are suffix decoding's (here from replies put in
+    its cache, which outrank the prompt's own one-token matches): an accepted guess, a
+    recovered token drawn from p without the guess, a bonus token, here under frequency and
+    presence penalties (the first token's output counts in the second's row). The first three
+    tokens' frequencies against the exact target distribution, end to end. (Whether a row
+    counts the guesses before it is left to test_penalties.py: here too few rows follow an
+    accepted guess to see it.)"""
     from transformers import AutoModelForCausalLM
 
     target_dir = make_tiny_model(tmp_path / "target", seed=11, logit_scale=5.0)
@@ -556,12 +559,28 @@ def test_random_sampling_with_ngram_drafts_matches_the_target(tmp_path, penalty)
                           temperature, penalty)
     llm = LLM(str(target_dir), dtype="float32", kv_cache_memory=128 << 20, max_num_seqs=256,
               speculation_policy="static",
-              speculative_config={"method": "ngram", "num_speculative_tokens": 2,
-                                  "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+              speculative_config={"method": method, "num_speculative_tokens": 2,
+                                  "prompt_lookup_min": 1,
+                                  "prompt_lookup_max": 3 if method == "ngram" else 1,
+                                  # (keep the replies put in below: not one is evicted)
+                                  **({"suffix_decoding_max_cached_requests": 2 * n}
+                                     if method == "suffix" else {})})
+    if method == "suffix":
+        # Earlier replies that went on from the prompt's last 3 tokens: 6 the way the target
+        # likes to (its greedy text), 4 another way: guesses with an estimate of 0.6 and 0.4.
+        with torch.inference_mode():
+            likely = target.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False,
+                                     eos_token_id=None, pad_token_id=0)[0, m:].tolist()
+        for reply in [likely] * 6 + [[(t + 1) % VOCAB for t in likely]] * 4:
+            llm.engine.proposer.replies.add(prompt[-3:] + reply)
     params = SamplingParams(temperature=temperature, frequency_penalty=penalty,
                             presence_penalty=penalty, max_tokens=4, ignore_eos=True)
     outs = llm.generate([prompt] * n, params)
     stats = llm.get_stats()
+    if method == "suffix":
+        from specserve.spec_decode.suffix import GLOBAL_LEVEL
+
+        assert max(stats["spec_evidence_acceptance"]) > GLOBAL_LEVEL, stats
     assert stats["num_draft_tokens"] > n // 4, stats  # many requests drafted
     assert 0.05 < stats["acceptance_rate"] < 0.95, stats  # accepted and recovered paths ran
     counts: dict = {}

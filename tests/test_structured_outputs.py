@@ -82,6 +82,7 @@ def test_constraints_do_not_leak_across_a_batch(llm, constrained):
 
 SPEC_CONFIGS = {
     "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3},
+    "suffix": {"method": "suffix", "num_speculative_tokens": 4},
     "self-draft": {"method": "draft", "num_speculative_tokens": 3, "draft_layers": 2},
 }
 

@@ -294,7 +294,7 @@ def _add_sweep(bench) -> None:
                                        "does adaptive pick the best policy everywhere?")
     _common_engine_args(p)
     p.add_argument("--proposers", default="ngram,draft",
-                   help="ngram, draft (--draft-model, else the target's first 4 layers, "
+                   help="ngram, suffix, draft (--draft-model, else the target's first 4 layers, "
                         "untrained, labelled draft(self-4, untrained); bench lab's cached "
                         "trained draft is not used), draft:N (N layers, untrained), eagle "
                         "(--eagle-model, or the head bench lab trained and cached)")
@@ -345,6 +345,10 @@ def cmd_online(args: argparse.Namespace) -> None:
         from specserve.cli import make_llm
 
         llm = make_llm(args)
+        if getattr(llm.engine.proposer, "learns_from_replies", False):
+            raise SystemExit("--compare-offline with suffix decoding compares different work: "
+                             "the offline engine never guesses a request from its own "
+                             "prompt's earlier replies, the server does (it repeats prompts)")
         warm_up(llm.engine)
         # Sampled as the server samples the same bodies (generation_config.json's defaults and
         # cap), every grammar compiled here, and warmed on the online warm-up's prompt.

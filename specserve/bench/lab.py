@@ -228,6 +228,14 @@ def run_workload(engine: LLMEngine, workload: PreparedWorkload, concurrency: int
     Returns the run's figures plus one record per request."""
     if reset_prefix_cache:
         engine.reset_prefix_cache()
+    learns = getattr(engine.proposer, "learns_from_replies", False)
+    if learns:
+        # Suffix decoding guesses from earlier replies, and the runs here are greedy and cycle
+        # through the workload: a prompt's second request would be guessed from its first
+        # one's reply, which measures a cache of answers, not speculation. So a run starts with
+        # no replies (not the last run's) and a request never sees its own prompt's.
+        engine.proposer.reset_prefix_cache()
+        engine.proposer.exclude_same_prompt = True
     prefix = workload.shared_prefix if warm_shared_prefix else []
     if len(prefix) >= engine.block_manager.block_size:
         # With a draft model, decoded with one draft: the draft then holds the document in its
@@ -265,6 +273,8 @@ def run_workload(engine: LLMEngine, workload: PreparedWorkload, concurrency: int
     finally:
         for rid in in_flight:  # interrupted: leave nothing running in the engine
             engine.abort_request(rid)
+        if learns:
+            engine.proposer.exclude_same_prompt = False
     wall = time.perf_counter() - t0
     done = [r for r in records if r is not None]
     return {"concurrency": concurrency, "num_prompts": num_prompts,

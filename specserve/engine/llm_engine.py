@@ -229,7 +229,11 @@ class LLMEngine:
             draft_runner = getattr(self.proposer, "runner", None)
             draft_cost = profile_forward(draft_runner) if draft_runner is not None else None
             self._cost_models = (target_cost, draft_cost)
-            self.reset_prefix_cache()  # its blocks now hold the profile's garbage
+            # Their blocks now hold the profile's garbage. (Not the whole proposer's reset: a
+            # suffix proposer's cached replies are no garbage.)
+            self.block_manager.reset_prefix_cache()
+            if draft_runner is not None:
+                self.proposer.reset_prefix_cache()
             self.profile_time = time.perf_counter() - t0
         return build_policy(name, k_max, *self._cost_models)
 

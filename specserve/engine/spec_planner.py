@@ -2,7 +2,7 @@
 
 After each step the engine asks its SpeculationPlanner to propose: the policy chooses K per
 decoding request (spec_decode/policy.py), the proposer guesses that many tokens
-(spec_decode/ngram.py, draft_model.py, eagle.py), and the guesses wait in each request's
+(spec_decode/ngram.py, suffix.py, draft_model.py, eagle.py), and the guesses wait in each request's
 `spec_token_ids` for the next forward to verify. Requests whose own policy is `static` or
 `off`, and every request under an engine-wide `off`, get their K without a plan. Planning and
 look-ups are ordered so that a step where nobody speculates costs next to nothing: with few

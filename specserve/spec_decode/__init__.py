@@ -20,6 +20,10 @@ def build_proposer(spec: SpeculativeConfig | None, config: EngineConfig, tokeniz
         from specserve.spec_decode.ngram import NgramProposer
 
         return NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    if spec.method == "suffix":
+        from specserve.spec_decode.suffix import SuffixProposer
+
+        return SuffixProposer(spec)
     if spec.method == "eagle":
         from specserve.spec_decode.eagle import EagleProposer
 

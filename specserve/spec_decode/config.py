@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-METHODS = ("ngram", "draft", "eagle")
+METHODS = ("ngram", "draft", "eagle", "suffix")
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,13 @@ class SpeculativeConfig:
     # The draft's own KV pool in bytes, paid from the engine's kv_cache_memory before the
     # target's pool is sized; None: as many tokens as the target's pool, both paid from it.
     kv_cache_memory: int | None = None
+    # suffix (vLLM's names): the longest match looked for in earlier replies, how many replies
+    # are kept, at most this many guesses per matched token, and no guess whose estimated
+    # chance (the share of matches that continue with it) falls below the minimum.
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -30,6 +38,14 @@ class SpeculativeConfig:
             raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.draft_layers is not None and self.draft_layers < 1:
             raise ValueError("draft_layers must be >= 1")
+        if self.suffix_decoding_max_tree_depth < 3:
+            raise ValueError("suffix_decoding_max_tree_depth must be >= 3")
+        if self.suffix_decoding_max_cached_requests < 1:
+            raise ValueError("suffix_decoding_max_cached_requests must be >= 1")
+        if not 0 < self.suffix_decoding_max_spec_factor < math.inf:
+            raise ValueError("suffix_decoding_max_spec_factor must be > 0 and finite")
+        if not 0 <= self.suffix_decoding_min_token_prob <= 1:
+            raise ValueError("suffix_decoding_min_token_prob must be in [0, 1]")
 
     @classmethod
     def from_dict(cls, d: dict | SpeculativeConfig | None) -> SpeculativeConfig | None:
@@ -41,5 +57,5 @@ class SpeculativeConfig:
             raise ValueError(f"unknown speculative_config keys {sorted(unknown)}; "
                              f"known: {sorted(known)}")
         if "method" not in d:
-            raise ValueError('speculative_config needs a "method" (ngram, draft or eagle)')
+            raise ValueError('speculative_config needs a "method" (ngram, suffix, draft or eagle)')
         return cls(**d)

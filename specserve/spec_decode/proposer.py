@@ -28,9 +28,12 @@ class Proposer(ABC):
     needs_hidden: bool = False  # wants the target's features after every forward (EAGLE)
     # Target layers whose residual streams come with those features (a fused-feature head)
     aux_layers: tuple[int, ...] = ()
-    # Guessing costs nothing and has no state (n-gram): the engine may look the guesses up
-    # before choosing K, and plan only for drafts that exist.
+    # Guessing costs next to nothing and no forward (n-gram, suffix): the engine may look the
+    # guesses up before choosing K, and plan only for drafts that exist.
     free_lookahead: bool = False
+    # Guesses from the replies of earlier requests (suffix decoding): a benchmark starts each
+    # run with none and hides a prompt's earlier replies from its next request.
+    learns_from_replies: bool = False
     # A separate draft model's own context length: no guess is made for a request longer than
     # it (its rotary table ends there); None: the target's.
     max_context: int | None = None

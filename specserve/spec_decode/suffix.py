@@ -1,0 +1,246 @@
+"""Suffix decoding (Oliaro et al. 2024, "SuffixDecoding: Extreme Speculative Decoding for
+Emerging AI Applications"; vLLM's `suffix` method): guesses taken from the replies of earlier
+requests as well as from the request's own context.
+
+Agent loops, extraction into a fixed schema and text-to-SQL send many requests whose replies
+repeat each other's phrasing, and prompt lookup (ngram.py) sees only the request's own tokens.
+This proposer also keeps the replies of the last finished requests and looks up where the
+request's latest tokens occurred in them. Of those occurrences that share the longest suffix
+found, it follows the continuation most of them agree on, token by token, for as long as the
+share that agrees (the estimate that the guess is right) stays at or above `min_token_prob`.
+
+That is the greedy path through the paper's suffix tree and its frequency estimate, without a
+tree: a tree over every suffix of a million cached tokens is millions of Python objects. The
+replies lie in one token array, and each position is chained to the previous one whose last
+NGRAM tokens hash alike, as zlib chains its match candidates. The index costs 8 bytes per cached
+token and a fixed table.
+
+The request's own context is looked up as prompt lookup does it; the longer match wins.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from bisect import bisect_right
+from collections import Counter
+
+import numpy as np
+
+from specserve.engine.request import Request
+from specserve.spec_decode.config import SpeculativeConfig
+from specserve.spec_decode.ngram import NgramIndex
+from specserve.spec_decode.proposer import Proposal, Proposer
+
+# A candidate occurrence shares at least the request's last NGRAM tokens (3: _hash's arity).
+NGRAM = 3
+HASH_BITS = 20
+_MASK = (1 << HASH_BITS) - 1
+_MULT = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D)  # one odd multiplier per n-gram position
+SEPARATOR = -1  # ends every reply: no match or guess runs from one reply into the next
+# Occurrences looked at per guess, newest first: bounds a look-up's time where a common n-gram
+# occurred thousands of times.
+MAX_CANDIDATES = 32
+# A guess from the shared replies is reported as evidence level GLOBAL_LEVEL + its estimate in
+# tenths (rounded up), apart from prompt lookup's levels (its match lengths): the acceptance
+# tracker then learns how often each estimate is right on this workload.
+GLOBAL_LEVEL = 1000
+
+
+def _hash(a: int, b: int, c: int) -> int:
+    return (a * _MULT[0] ^ b * _MULT[1] ^ c * _MULT[2]) & _MASK
+
+
+class ReplyCache:
+    """The replies of the last `max_replies` finished requests, and where each NGRAM occurred
+    in them."""
+
+    def __init__(self, max_replies: int, max_depth: int):
+        if max_depth < NGRAM:
+            raise ValueError(f"the suffix tree's depth must be at least {NGRAM}")
+        self.max_replies, self.max_depth = max_replies, max_depth
+        # Match lengths a candidate is measured at, longest first: halving down to 8, then
+        # each length to NGRAM (a few slice comparisons, in C, not a token-by-token walk). A
+        # match is counted at the longest level it reaches.
+        self.levels = sorted({max_depth >> i for i in range(8) if max_depth >> i > 8}
+                             | set(range(NGRAM, min(8, max_depth) + 1)), reverse=True)
+        self.clear()
+
+    def clear(self) -> None:
+        self.tokens = array("i")
+        self.prev = array("i")  # prev[p]: the latest earlier position with the same NGRAM hash
+        self.head = array("i", [-1]) * (1 << HASH_BITS)  # hash -> latest position, -1: none
+        self.starts: list[int] = []  # where each cached reply begins, oldest first
+        self.keys: list[int | None] = []  # each reply's key (its prompt's hash), if given
+
+    @property
+    def num_replies(self) -> int:
+        return len(self.starts)
+
+    def add(self, reply: list[int], key: int | None = None) -> None:
+        """Cache a reply; `key` names its prompt, for lookups that must not see it."""
+        if len(reply) <= NGRAM:
+            return  # no NGRAM in it is ever followed by a token: it can guess nothing
+        if len(self.starts) >= self.max_replies:
+            self._drop_oldest(len(self.starts) - self.max_replies // 2)
+        tokens, prev, head = self.tokens, self.prev, self.head
+        start = len(tokens)
+        self.starts.append(start)
+        self.keys.append(key)
+        tokens.extend(reply)
+        tokens.append(SEPARATOR)
+        for p in range(start, start + len(reply)):
+            if p - start >= NGRAM - 1:  # the NGRAM ending at p lies inside this reply
+                h = _hash(tokens[p - 2], tokens[p - 1], tokens[p])
+                prev.append(head[h])
+                head[h] = p
+            else:
+                prev.append(-1)
+        prev.append(-1)
+
+    def _drop_oldest(self, n: int) -> None:
+        """Forget the n oldest replies, re-indexing the rest at once (numpy): dropping them one
+        by one would shift the array each time. The cache so shrinks in batches (to half its
+        capacity), which keeps a re-index rare: ~5,000 replies at once with the defaults."""
+        cut = self.starts[n] if n < len(self.starts) else len(self.tokens)
+        self.starts = [q - cut for q in self.starts[n:]]
+        del self.keys[:n]
+        kept = np.frombuffer(self.tokens, dtype=np.int32)[cut:].astype(np.int64)
+        self.tokens = array("i", kept.astype(np.int32).tobytes())
+        size = len(kept)
+        prev = np.full(size, -1, dtype=np.int32)
+        head = np.full(1 << HASH_BITS, -1, dtype=np.int32)
+        if size >= NGRAM:
+            a, b, c = kept[:-2], kept[1:-1], kept[2:]
+            ends = np.arange(2, size)
+            inside = (a != SEPARATOR) & (b != SEPARATOR) & (c != SEPARATOR)
+            h = (a * _MULT[0] ^ b * _MULT[1] ^ c * _MULT[2]) & _MASK
+            h, ends = h[inside], ends[inside]
+            order = np.argsort(h, kind="stable")  # by hash, then position
+            h, ends = h[order], ends[order]
+            same = h[1:] == h[:-1]
+            prev[ends[1:][same]] = ends[:-1][same]
+            if len(h):
+                last = np.append(~same, True)  # the latest position of each hash
+                head[h[last]] = ends[last]
+        self.prev = array("i", prev.tobytes())
+        self.head = array("i", head.tobytes())
+
+    def lookup(self, context: list[int], k: int, min_prob: float, spec_factor: float,
+               exclude: int | None = None) -> tuple[list[int], float, int]:
+        """(guesses, the estimate for the first, the match length they follow); ([], 0, 0)
+        when the request's last NGRAM tokens were never seen. At most spec_factor x the match
+        length guesses are made, none once most matches end their reply, and none whose
+        estimate falls below min_prob (so a match may still give no guess). The estimate
+        is the share of the matches that go on with the guess; the first one's is returned
+        as (agreeing + 1) / (matches + 2) (Laplace's rule), so that one old match does not
+        read as certain. Replies added with the key `exclude` are not looked at."""
+        if len(context) < NGRAM or k <= 0 or not self.starts:
+            return [], 0.0, 0
+        tokens, prev = self.tokens, self.prev
+        tail = array("i", context[-self.max_depth:])
+        span = len(tail)
+        best, found = 0, []
+
+        def matches(p: int, length: int) -> bool:  # (the hash collides: compare the tokens)
+            return length <= span and p + 1 >= length and \
+                tokens[p + 1 - length:p + 1] == tail[span - length:]
+
+        p = self.head[_hash(tail[-3], tail[-2], tail[-1])]
+        looked = 0
+        while p >= 0 and looked < MAX_CANDIDATES:
+            looked += 1
+            hidden = exclude is not None and \
+                self.keys[bisect_right(self.starts, p) - 1] == exclude
+            # One comparison rules out an occurrence shorter than the best so far.
+            if not hidden and (not best or matches(p, best)):
+                length = next((n for n in self.levels if n >= max(best, NGRAM)
+                               and matches(p, n)), 0)
+                if length > best:
+                    best, found = length, [p + 1]
+                elif length and length == best:
+                    found.append(p + 1)
+            p = prev[p]
+        if not found:
+            return [], 0.0, 0
+        k = min(k, max(1, math.floor(spec_factor * best)))
+        guesses: list[int] = []
+        prob, first = 1.0, 0.0
+        for _ in range(k):
+            token, agree = Counter(tokens[q] for q in found).most_common(1)[0]
+            if token == SEPARATOR:
+                break  # most of them end their reply here
+            if not guesses:
+                first = (agree + 1) / (len(found) + 2)
+            prob *= agree / len(found)
+            if prob < min_prob:
+                break
+            guesses.append(token)
+            found = [q + 1 for q in found if tokens[q] == token]
+        return guesses, first, best
+
+
+class SuffixProposer(Proposer):
+    name = "suffix"
+    free_lookahead = True
+    learns_from_replies = True
+
+    def __init__(self, spec: SpeculativeConfig):
+        super().__init__()
+        self.replies = ReplyCache(spec.suffix_decoding_max_cached_requests,
+                                  spec.suffix_decoding_max_tree_depth)
+        self.min_prob = spec.suffix_decoding_min_token_prob
+        self.spec_factor = spec.suffix_decoding_max_spec_factor
+        self.n_min, self.n_max = spec.prompt_lookup_min, spec.prompt_lookup_max
+        self.indexes: dict[str, NgramIndex] = {}
+        # Set by a benchmark that sends a workload's prompts more than once: a request is not
+        # guessed from the replies to its own prompt (greedy, they are its own reply).
+        self.exclude_same_prompt = False
+        self.prompt_keys: dict[str, int] = {}
+
+    def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
+        """The longer match wins: the request's own context (evidence: its length, as prompt
+        lookup reports it) or the cached replies (evidence: GLOBAL_LEVEL + ceil(10 x the first
+        guess's estimate))."""
+        out, evidence = [], []
+        for req, k in zip(reqs, num_tokens, strict=True):
+            if not k:
+                out.append([])
+                evidence.append(0)
+                continue
+            index = self.indexes.get(req.request_id)
+            if index is None:
+                index = self.indexes[req.request_id] = NgramIndex(self.n_min, self.n_max)
+            context = req.all_token_ids
+            own, n = index.lookup(context, k)
+            exclude = self._prompt_key(req) if self.exclude_same_prompt else None
+            shared, first, m = self.replies.lookup(context, k, self.min_prob, self.spec_factor,
+                                                   exclude)
+            if shared and m > n:
+                out.append(shared)
+                evidence.append(GLOBAL_LEVEL + math.ceil(10 * first))
+            else:
+                out.append(own)
+                evidence.append(n)
+        return Proposal(out, evidence=evidence)
+
+    def free(self, req: Request) -> None:
+        """A finished request's reply joins the cache (an aborted one's too: the target wrote
+        it); one that is only paused (preempted, past the context) keeps its tokens."""
+        if req.is_finished:
+            self.replies.add(req.output_token_ids,
+                             self._prompt_key(req) if self.exclude_same_prompt else None)
+        self.indexes.pop(req.request_id, None)
+        self.prompt_keys.pop(req.request_id, None)
+
+    def _prompt_key(self, req: Request) -> int:
+        key = self.prompt_keys.get(req.request_id)
+        if key is None:
+            key = self.prompt_keys[req.request_id] = hash(tuple(req.prompt_token_ids))
+        return key
+
+    def reset_prefix_cache(self) -> None:
+        """What earlier requests left behind goes with the prefix cache: a benchmark that
+        resets the one between runs does not measure replies it has already seen."""
+        self.replies.clear()
+
