@@ -116,20 +116,25 @@ def test_lookups_match_a_brute_force_search():
     assert exact > 150
 
 
-def test_the_oldest_replies_are_forgotten_and_the_rest_reindexed_exactly():
+def test_a_full_cache_forgets_its_oldest_replies_and_nothing_else():
     rng = random.Random(1)
-    replies = [[rng.randrange(20) for _ in range(rng.randrange(1, 40))] for _ in range(300)]
+    replies = [[rng.randrange(8) for _ in range(rng.randrange(1, 40))] for _ in range(300)]
     bounded = ReplyCache(max_replies=100, max_depth=12)
-    for r in replies:
-        bounded.add(r)
+    for i, r in enumerate(replies):
+        bounded.add(r, key=i)
     assert 50 <= bounded.num_replies <= 100
+    assert bounded.base > 0  # it has evicted
     fresh = ReplyCache(max_replies=1000, max_depth=12)
-    for r in [r for r in replies if len(r) > 3][-bounded.num_replies:]:
-        fresh.add(r)
-    # The same arrays as a cache that only ever saw the replies kept.
-    assert bounded.tokens == fresh.tokens
-    assert bounded.prev == fresh.prev
-    assert bounded.head == fresh.head
+    kept = [(i, r) for i, r in enumerate(replies) if len(r) > 3][-bounded.num_replies:]
+    for i, r in kept:
+        fresh.add(r, key=i)
+    # Every look-up reads as in a cache that only ever saw the replies kept.
+    for _ in range(300):
+        context = [rng.randrange(8) for _ in range(rng.randrange(3, 20))]
+        exclude = rng.choice(kept)[0]
+        assert bounded.lookup(context, 5, 0.05, 10.0, exclude) == \
+            fresh.lookup(context, 5, 0.05, 10.0, exclude)
+        assert bounded.lookup(context, 5, 0.05, 10.0) == fresh.lookup(context, 5, 0.05, 10.0)
 
 
 def test_only_a_finished_request_leaves_its_reply():

@@ -12,10 +12,11 @@ share that agrees (the estimate that the guess is right) stays at or above `min_
 That is the greedy path through the paper's suffix tree and its frequency estimate, without a
 tree: a tree over every suffix of a million cached tokens is millions of Python objects. The
 replies lie in one token array, and each position is chained to the previous one whose last
-NGRAM tokens hash alike, as zlib chains its match candidates. The index costs 8 bytes per cached
-token and a fixed table.
+NGRAM tokens hash alike, as zlib chains its match candidates. The index costs 12 bytes per
+cached token and a fixed 8 MiB table.
 
-The request's own context is looked up as prompt lookup does it; the longer match wins.
+The request's own context is looked up as prompt lookup does it, and a match there at least as
+long as the replies' wins.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import math
 from array import array
 from bisect import bisect_right
 from collections import Counter
-
-import numpy as np
 
 from specserve.engine.request import Request
 from specserve.spec_decode.config import SpeculativeConfig
@@ -67,9 +66,13 @@ class ReplyCache:
         self.clear()
 
     def clear(self) -> None:
+        # Positions are absolute and only grow: evicting the oldest replies cuts the front of
+        # the arrays and raises `base`, and a chain link or table entry below `base` ends the
+        # chain. Nothing is re-indexed.
+        self.base = 0  # the position of tokens[0]
         self.tokens = array("i")
-        self.prev = array("i")  # prev[p]: the latest earlier position with the same NGRAM hash
-        self.head = array("i", [-1]) * (1 << HASH_BITS)  # hash -> latest position, -1: none
+        self.prev = array("q")  # prev[p - base]: the latest earlier position with p's hash
+        self.head = array("q", [-1]) * (1 << HASH_BITS)  # hash -> latest position
         self.starts: list[int] = []  # where each cached reply begins, oldest first
         self.keys: list[int | None] = []  # each reply's key (its prompt's hash), if given
 
@@ -84,47 +87,29 @@ class ReplyCache:
         if len(self.starts) >= self.max_replies:
             self._drop_oldest(len(self.starts) - self.max_replies // 2)
         tokens, prev, head = self.tokens, self.prev, self.head
-        start = len(tokens)
+        j = len(tokens)  # the reply's first index
+        start = self.base + j
         self.starts.append(start)
         self.keys.append(key)
         tokens.extend(reply)
         tokens.append(SEPARATOR)
-        for p in range(start, start + len(reply)):
-            if p - start >= NGRAM - 1:  # the NGRAM ending at p lies inside this reply
-                h = _hash(tokens[p - 2], tokens[p - 1], tokens[p])
-                prev.append(head[h])
-                head[h] = p
-            else:
-                prev.append(-1)
+        prev.extend([-1] * (NGRAM - 1))  # its first tokens end no NGRAM of their own
+        for i in range(j + NGRAM - 1, j + len(reply)):
+            h = _hash(tokens[i - 2], tokens[i - 1], tokens[i])
+            prev.append(head[h])
+            head[h] = self.base + i
         prev.append(-1)
 
     def _drop_oldest(self, n: int) -> None:
-        """Forget the n oldest replies, re-indexing the rest at once (numpy): dropping them one
-        by one would shift the array each time. The cache so shrinks in batches (to half its
-        capacity), which keeps a re-index rare: ~5,000 replies at once with the defaults."""
-        cut = self.starts[n] if n < len(self.starts) else len(self.tokens)
-        self.starts = [q - cut for q in self.starts[n:]]
+        """Forget the n oldest replies: a cut of the arrays' front (a memmove). The cache
+        shrinks in batches (to half its capacity), so that a full cache does not move its
+        arrays at every finished request."""
+        end = self.starts[n] if n < len(self.starts) else self.base + len(self.tokens)
+        del self.tokens[:end - self.base]
+        del self.prev[:end - self.base]
+        del self.starts[:n]
         del self.keys[:n]
-        kept = np.frombuffer(self.tokens, dtype=np.int32)[cut:].astype(np.int64)
-        self.tokens = array("i", kept.astype(np.int32).tobytes())
-        size = len(kept)
-        prev = np.full(size, -1, dtype=np.int32)
-        head = np.full(1 << HASH_BITS, -1, dtype=np.int32)
-        if size >= NGRAM:
-            a, b, c = kept[:-2], kept[1:-1], kept[2:]
-            ends = np.arange(2, size)
-            inside = (a != SEPARATOR) & (b != SEPARATOR) & (c != SEPARATOR)
-            h = (a * _MULT[0] ^ b * _MULT[1] ^ c * _MULT[2]) & _MASK
-            h, ends = h[inside], ends[inside]
-            order = np.argsort(h, kind="stable")  # by hash, then position
-            h, ends = h[order], ends[order]
-            same = h[1:] == h[:-1]
-            prev[ends[1:][same]] = ends[:-1][same]
-            if len(h):
-                last = np.append(~same, True)  # the latest position of each hash
-                head[h[last]] = ends[last]
-        self.prev = array("i", prev.tobytes())
-        self.head = array("i", head.tobytes())
+        self.base = end
 
     def lookup(self, context: list[int], k: int, min_prob: float, spec_factor: float,
                exclude: int | None = None) -> tuple[list[int], float, int]:
@@ -137,30 +122,31 @@ class ReplyCache:
         read as certain. Replies added with the key `exclude` are not looked at."""
         if len(context) < NGRAM or k <= 0 or not self.starts:
             return [], 0.0, 0
-        tokens, prev = self.tokens, self.prev
+        tokens, prev, base = self.tokens, self.prev, self.base
         tail = array("i", context[-self.max_depth:])
         span = len(tail)
-        best, found = 0, []
+        best, found = 0, []  # found: the index after each longest match
 
-        def matches(p: int, length: int) -> bool:  # (the hash collides: compare the tokens)
-            return length <= span and p + 1 >= length and \
-                tokens[p + 1 - length:p + 1] == tail[span - length:]
+        def matches(i: int, length: int) -> bool:  # (the hash collides: compare the tokens)
+            return length <= span and i + 1 >= length and \
+                tokens[i + 1 - length:i + 1] == tail[span - length:]
 
         p = self.head[_hash(tail[-3], tail[-2], tail[-1])]
         looked = 0
-        while p >= 0 and looked < MAX_CANDIDATES:
+        while p >= base and looked < MAX_CANDIDATES:
             looked += 1
+            i = p - base
             hidden = exclude is not None and \
                 self.keys[bisect_right(self.starts, p) - 1] == exclude
             # One comparison rules out an occurrence shorter than the best so far.
-            if not hidden and (not best or matches(p, best)):
+            if not hidden and (not best or matches(i, best)):
                 length = next((n for n in self.levels if n >= max(best, NGRAM)
-                               and matches(p, n)), 0)
+                               and matches(i, n)), 0)
                 if length > best:
-                    best, found = length, [p + 1]
+                    best, found = length, [i + 1]
                 elif length and length == best:
-                    found.append(p + 1)
-            p = prev[p]
+                    found.append(i + 1)
+            p = prev[i]
         if not found:
             return [], 0.0, 0
         k = min(k, max(1, math.floor(spec_factor * best)))
