@@ -1,5 +1,5 @@
 """Suffix decoding: guesses from earlier requests' replies, lossless in the engine, the cache
-bounded and re-indexed exactly."""
+bounded and its eviction exact."""
 
 from __future__ import annotations
 
@@ -85,6 +85,15 @@ def test_replies_under_a_key_can_be_hidden():
     assert cache.lookup([1, 2, 3], 2, 0.1, 10.0, exclude=8)[0] == [4]
     assert cache.lookup([5, 1, 2, 3], 2, 0.1, 10.0, exclude=8)[0] == [4]
     assert cache.lookup([1, 2, 3], 2, 0.1, 10.0, exclude=None)[0] == [9]
+
+
+def test_hidden_replies_do_not_use_up_the_candidates():
+    cache = ReplyCache(max_replies=100, max_depth=8)
+    cache.add([1, 2, 3, 4], key=2)
+    for _ in range(MAX_CANDIDATES + 8):  # newer, all hidden from the request below
+        cache.add([1, 2, 3, 5], key=1)
+    assert cache.lookup([1, 2, 3], 1, 0.1, 10.0, exclude=1)[0] == [4]
+    assert cache.lookup([1, 2, 3], 1, 0.1, 10.0)[0] == [5]
 
 
 @pytest.mark.parametrize("max_replies", [1, 2, 5])

@@ -344,11 +344,13 @@ def cmd_online(args: argparse.Namespace) -> None:
     if args.compare_offline:  # loaded first: its runs interleave with the online ones
         from specserve.cli import make_llm
 
-        llm = make_llm(args)
-        if getattr(llm.engine.proposer, "learns_from_replies", False):
+        spec = args.speculative_config
+        if isinstance(spec, dict) and spec.get("method") == "suffix":
             raise SystemExit("--compare-offline with suffix decoding compares different work: "
                              "the offline engine never guesses a request from its own "
-                             "prompt's earlier replies, the server does (it repeats prompts)")
+                             "prompt's earlier replies, a server does (the client repeats "
+                             "prompts)")
+        llm = make_llm(args)
         warm_up(llm.engine)
         # Sampled as the server samples the same bodies (generation_config.json's defaults and
         # cap), every grammar compiled here, and warmed on the online warm-up's prompt.

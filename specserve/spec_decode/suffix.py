@@ -132,14 +132,18 @@ class ReplyCache:
                 tokens[i + 1 - length:i + 1] == tail[span - length:]
 
         p = self.head[_hash(tail[-3], tail[-2], tail[-1])]
-        looked = 0
-        while p >= base and looked < MAX_CANDIDATES:
-            looked += 1
+        looked = links = 0
+        # Hidden replies do not use up the candidates (a cache without them would look past
+        # them), but the walk is bounded all the same.
+        while p >= base and looked < MAX_CANDIDATES and links < 4 * MAX_CANDIDATES:
+            links += 1
             i = p - base
-            hidden = exclude is not None and \
-                self.keys[bisect_right(self.starts, p) - 1] == exclude
+            if exclude is not None and self.keys[bisect_right(self.starts, p) - 1] == exclude:
+                p = prev[i]
+                continue
+            looked += 1
             # One comparison rules out an occurrence shorter than the best so far.
-            if not hidden and (not best or matches(i, best)):
+            if not best or matches(i, best):
                 length = next((n for n in self.levels if n >= max(best, NGRAM)
                                and matches(i, n)), 0)
                 if length > best:

@@ -16,9 +16,10 @@ t = time.perf_counter()
 for r in replies:
     cache.add(r)
 add_s = time.perf_counter() - t
+arrays = len(cache.tokens) * cache.tokens.itemsize + len(cache.prev) * cache.prev.itemsize
 print(f"add: {add_s / (250 * 10000) * 1e6:.2f} us per token ({cache.num_replies} replies, "
-      f"{len(cache.tokens)} tokens, {(len(cache.tokens) * cache.tokens.itemsize + len(cache.prev) * cache.prev.itemsize) / 2**20:.1f} MiB "
-      f"of arrays + {len(cache.head) * cache.head.itemsize / 2**20:.0f} MiB table)")
+      f"{len(cache.tokens)} tokens, {arrays / 2**20:.1f} MiB of arrays + "
+      f"{len(cache.head) * cache.head.itemsize / 2**20:.0f} MiB table)")
 t = time.perf_counter()
 cache.add(replies[0])  # the 10,001st: the oldest half goes
 print(f"eviction of the oldest {10000 - cache.num_replies + 1} replies: "

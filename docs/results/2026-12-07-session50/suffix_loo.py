@@ -3,8 +3,9 @@
 The suffix engine first serves every prompt of a workload (no speculation), so its cache
 holds the workload's replies; so does the n-gram engine (its prefix cache then holds the
 prompts too). Then each measured prompt runs alone (concurrency 1, static K = 4) with its own
-prompt's replies hidden (`exclude_same_prompt`), beside the n-gram engine and the suffix
-engine with speculation off, in turn per prompt. Greedy, bf16, 64-token cap, no jump-forward
+prompt's replies hidden (`exclude_same_prompt`), beside the n-gram engine with and without
+speculation, in turn per prompt. The measured runs add no replies: every prompt is guessed from
+the same cache, one reply per other prompt. Greedy, bf16, 64-token cap, no jump-forward
 drafts (the json workload's grammar still applies).
 
 Run from the repo root:
@@ -58,8 +59,10 @@ def main() -> None:
                 engine.step()
         print(f"{name}: {proposer.replies.num_replies} replies cached, "
               f"{len(proposer.replies.tokens)} tokens")
+        add = proposer.replies.add
+        proposer.replies.add = lambda reply, key=None: None  # frozen while measuring
         sides = {"suffix": (suffix, "static"), "ngram": (ngram, "static"),
-                 "off": (suffix, "off")}
+                 "off": (ngram, "off")}
         rec: dict[str, list] = {s: [] for s in sides}
         for i in range(MEASURED):
             order = list(sides) if i % 2 == 0 else list(sides)[::-1]
@@ -81,6 +84,7 @@ def main() -> None:
                   f"| {tokens / (tokens - accepted):.2f} "
                   f"| {statistics.median(ratios):.3f} [{q[0]:.3f}, {q[2]:.3f}]", flush=True)
         proposer.exclude_same_prompt = False
+        proposer.replies.add = add
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Per proposer, workload and concurrency: the median run's acceptance, tokens per step and
-drafted tokens under static:4 and adaptive, from a `bench sweep` JSON (noise-free figures: the
-runs are greedy, so they depend on the proposer, not on the machine's speed).
+drafted tokens under static:4 and adaptive, from a `bench sweep` JSON. The runs are greedy, so
+the static:4 rows depend on the proposer, not on the machine's speed; adaptive's choice of K
+does depend on it (its cost model is refit from measured step times).
 
   python docs/results/2026-12-07-session50/sweep_acceptance.py DIR/sweep.json
 """
