@@ -233,3 +233,13 @@ def test_an_aborted_request_leaves_its_reply_and_a_running_one_none(llm):
     engine.abort_request(req.request_id)  # its client went away: the target still wrote it
     assert engine.proposer.replies.num_replies == 1
     assert list(engine.proposer.replies.tokens) == req.output_token_ids + [-1]
+
+
+def test_switching_to_adaptive_keeps_the_replies():
+    """The first switch to the adaptive policy profiles the model and forgets the prefix cache
+    its profile dirtied; the cached replies are no garbage and stay."""
+    spec = LLM(dtype="float32", speculation_policy="static",
+               speculative_config={"method": "suffix", "num_speculative_tokens": 2})
+    spec.engine.proposer.replies.add([5, 6, 7, 8])
+    spec.engine.set_speculation_policy("adaptive")
+    assert spec.engine.proposer.replies.num_replies == 1
