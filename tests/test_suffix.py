@@ -161,6 +161,7 @@ def test_only_a_finished_request_leaves_its_reply():
 @pytest.mark.parametrize("bad", [{"suffix_decoding_max_tree_depth": 2},
                                  {"suffix_decoding_max_cached_requests": 0},
                                  {"suffix_decoding_max_spec_factor": 0.0},
+                                 {"suffix_decoding_max_spec_factor": float("inf")},
                                  {"suffix_decoding_min_token_prob": 1.5}])
 def test_bad_suffix_settings_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
