@@ -178,6 +178,8 @@ def test_a_repeated_task_is_guessed_from_the_earlier_reply(llm):
                speculative_config={"method": "suffix", "num_speculative_tokens": 4})
     first = spec.generate(prompts, params)  # together: neither has a reply to learn from yet
     assert [o.outputs[0].token_ids for o in first] == want
+    stats = spec.get_stats()
+    assert stats["suffix_cached_replies"] == 2 and stats["suffix_cached_tokens"] == 80
 
     def accepted_and_drafted() -> tuple[int, int]:
         before = spec.get_stats()

@@ -706,6 +706,9 @@ class LLMEngine:
             "draft_num_forwards": getattr(p, "num_forwards", 0),
             # prompt and output tokens a draft model's KV pool served from its prefix cache
             "draft_prefix_cache_hits": getattr(p, "num_prefix_hit_tokens", 0),
+            # suffix decoding: the replies of finished requests it guesses from
+            "suffix_cached_replies": getattr(p, "num_cached_replies", 0),
+            "suffix_cached_tokens": getattr(p, "num_cached_tokens", 0),
             **(self.spec_policy.stats(self.scheduler.running) if self.spec_policy else {}),
         }
 

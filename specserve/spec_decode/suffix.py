@@ -188,10 +188,19 @@ class SuffixProposer(Proposer):
         self.exclude_same_prompt = False
         self.prompt_keys: dict[str, int] = {}
 
+    @property
+    def num_cached_replies(self) -> int:
+        return self.replies.num_replies
+
+    @property
+    def num_cached_tokens(self) -> int:
+        return len(self.replies.tokens) - self.replies.num_replies  # less the separators
+
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
-        """The longer match wins: the request's own context (evidence: its length, as prompt
-        lookup reports it) or the cached replies (evidence: GLOBAL_LEVEL + ceil(10 x the first
-        guess's estimate))."""
+        """Per request, the guesses of the longer match: the cached replies' (evidence:
+        GLOBAL_LEVEL + ceil(10 x the first guess's estimate)) where theirs is longer than the
+        request's own context's (counted up to prompt_lookup_max), else prompt lookup's
+        (evidence: its match length)."""
         out, evidence = [], []
         for req, k in zip(reqs, num_tokens, strict=True):
             if not k:
