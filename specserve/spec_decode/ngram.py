@@ -57,21 +57,21 @@ class NgramProposer(Proposer):
         self.indexes: dict[str, NgramIndex] = {}
 
     def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
-        """The guesses, with the match length each rests on as its evidence: a guess that
-        follows a longer match is accepted far more often (acceptance.py)."""
+        """The guesses, with what each rests on as its evidence: a guess that follows a longer
+        match is accepted far more often (acceptance.py)."""
         out, evidence = [], []
         for req, k in zip(reqs, num_tokens, strict=True):
-            if not k:
-                out.append([])
-                evidence.append(0)
-                continue
-            index = self.indexes.get(req.request_id)
-            if index is None:
-                index = self.indexes[req.request_id] = NgramIndex(self.n_min, self.n_max)
-            tokens, n = index.lookup(req.all_token_ids, k)
+            tokens, e = self.guess(req, req.all_token_ids, k) if k else ([], 0)
             out.append(tokens)
-            evidence.append(n)
+            evidence.append(e)
         return Proposal(out, evidence=evidence)
+
+    def guess(self, req: Request, context: list[int], k: int) -> tuple[list[int], int]:
+        """Up to k guesses for req and their evidence level (here the match length)."""
+        index = self.indexes.get(req.request_id)
+        if index is None:
+            index = self.indexes[req.request_id] = NgramIndex(self.n_min, self.n_max)
+        return index.lookup(context, k)
 
     def free(self, req: Request) -> None:
         self.indexes.pop(req.request_id, None)

@@ -28,8 +28,7 @@ from collections import Counter
 
 from specserve.engine.request import Request
 from specserve.spec_decode.config import SpeculativeConfig
-from specserve.spec_decode.ngram import NgramIndex
-from specserve.spec_decode.proposer import Proposal, Proposer
+from specserve.spec_decode.ngram import NgramProposer
 
 # A candidate occurrence shares at least the request's last NGRAM tokens (3: _hash's arity).
 NGRAM = 3
@@ -170,19 +169,18 @@ class ReplyCache:
         return guesses, first, best
 
 
-class SuffixProposer(Proposer):
+class SuffixProposer(NgramProposer):
+    """Prompt lookup (its per-request indexes and look-ups) plus the cached replies."""
+
     name = "suffix"
-    free_lookahead = True
     learns_from_replies = True
 
     def __init__(self, spec: SpeculativeConfig):
-        super().__init__()
+        super().__init__(spec.prompt_lookup_min, spec.prompt_lookup_max)
         self.replies = ReplyCache(spec.suffix_decoding_max_cached_requests,
                                   spec.suffix_decoding_max_tree_depth)
         self.min_prob = spec.suffix_decoding_min_token_prob
         self.spec_factor = spec.suffix_decoding_max_spec_factor
-        self.n_min, self.n_max = spec.prompt_lookup_min, spec.prompt_lookup_max
-        self.indexes: dict[str, NgramIndex] = {}
         # Set by a benchmark that sends a workload's prompts more than once: a request is not
         # guessed from the replies to its own prompt (greedy, they are its own reply).
         self.exclude_same_prompt = False
@@ -196,32 +194,18 @@ class SuffixProposer(Proposer):
     def num_cached_tokens(self) -> int:
         return len(self.replies.tokens) - self.replies.num_replies  # less the separators
 
-    def propose(self, reqs: list[Request], num_tokens: list[int]) -> Proposal:
-        """Per request, the guesses of the longer match: the cached replies' (evidence:
-        GLOBAL_LEVEL + ceil(10 x the first guess's estimate)) where theirs is longer than the
-        request's own context's (counted up to prompt_lookup_max), else prompt lookup's
-        (evidence: its match length)."""
-        out, evidence = [], []
-        for req, k in zip(reqs, num_tokens, strict=True):
-            if not k:
-                out.append([])
-                evidence.append(0)
-                continue
-            index = self.indexes.get(req.request_id)
-            if index is None:
-                index = self.indexes[req.request_id] = NgramIndex(self.n_min, self.n_max)
-            context = req.all_token_ids
-            own, n = index.lookup(context, k)
-            exclude = self._prompt_key(req) if self.exclude_same_prompt else None
-            shared, first, m = self.replies.lookup(context, k, self.min_prob, self.spec_factor,
-                                                   exclude)
-            if shared and m > n:
-                out.append(shared)
-                evidence.append(GLOBAL_LEVEL + math.ceil(10 * first))
-            else:
-                out.append(own)
-                evidence.append(n)
-        return Proposal(out, evidence=evidence)
+    def guess(self, req: Request, context: list[int], k: int) -> tuple[list[int], int]:
+        """The guesses of the longer match: the cached replies' (evidence: GLOBAL_LEVEL +
+        ceil(10 x the first guess's estimate)) where theirs is longer than the request's own
+        context's (counted up to prompt_lookup_max), else prompt lookup's (evidence: its match
+        length)."""
+        own, n = super().guess(req, context, k)
+        exclude = self._prompt_key(req) if self.exclude_same_prompt else None
+        shared, first, m = self.replies.lookup(context, k, self.min_prob, self.spec_factor,
+                                               exclude)
+        if shared and m > n:
+            return shared, GLOBAL_LEVEL + math.ceil(10 * first)
+        return own, n
 
     def free(self, req: Request) -> None:
         """A finished request's reply joins the cache (an aborted one's too: the target wrote
@@ -229,7 +213,7 @@ class SuffixProposer(Proposer):
         if req.is_finished:
             self.replies.add(req.output_token_ids,
                              self._prompt_key(req) if self.exclude_same_prompt else None)
-        self.indexes.pop(req.request_id, None)
+        super().free(req)
         self.prompt_keys.pop(req.request_id, None)
 
     def _prompt_key(self, req: Request) -> int:
