@@ -47,12 +47,19 @@ class BeamSearchParams:
             raise ValueError("beam search ranks beams by the model's own log-probabilities: "
                              f"temperature must be 0, got {self.temperature!r}")
         if isinstance(self.length_penalty, bool) or not isinstance(
-                self.length_penalty, (int, float)) or not math.isfinite(self.length_penalty):
+                self.length_penalty, (int, float)) or not _finite(self.length_penalty):
             raise ValueError(f"length_penalty must be a finite number, got "
                              f"{self.length_penalty!r}")
 
 
 MAX_BEAM_WIDTH = 10  # 2 x 10 candidates per beam: SamplingParams' logprobs limit
+
+
+def _finite(x: float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int past a float's range
+        return False
 
 
 @dataclass(slots=True)
@@ -80,14 +87,21 @@ class BeamSearchOutput:
     sequences: list[BeamSearchSequence]
 
 
-def normalized(cum_logprob: float, length: int, length_penalty: float) -> float:
-    """cum_logprob / length ** length_penalty: how transformers' beam search ranks finished
-    beams, length the generated tokens (a final end-of-sequence token included)."""
-    return cum_logprob / max(length, 1) ** length_penalty
+def rank_key(cum_logprob: float, length: int, length_penalty: float) -> float:
+    """What the search ranks finished beams by, higher first: the order of cum_logprob /
+    length ** length_penalty (transformers' score; length the generated tokens, a final
+    end-of-sequence token included), taken in log space. The score itself leaves a float for a
+    large |length_penalty| (16 ** 300 raises OverflowError, 16 ** -300 is 0 and the division
+    fails); cum_logprob <= 0, so the score is -exp(-key)."""
+    if cum_logprob >= 0:
+        return math.inf
+    return length_penalty * math.log(max(length, 1)) - math.log(-cum_logprob)
 
 
 def beam_score(beam: BeamSearchSequence, length_penalty: float) -> float:
-    return normalized(beam.cum_logprob, len(beam.output_token_ids), length_penalty)
+    """transformers' score, cum_logprob / length ** length_penalty (-inf past a float's range)."""
+    key = rank_key(beam.cum_logprob, len(beam.output_token_ids), length_penalty)
+    return -math.exp(-key) if -key < 709 else -math.inf
 
 
 def advance_all(searches: list[BeamSearch], top: list[dict[int, Logprob]]) -> None:
@@ -137,14 +151,14 @@ class BeamSearch:
         live = []
         for cum, i, token, lp in candidates:
             if token in self.eos:
-                self._finish(normalized(cum, self.steps, penalty), "stop",
+                self._finish(rank_key(cum, self.steps, penalty), "stop",
                              lambda i=i, token=token, lp=lp, cum=cum: self._extend(i, token, lp,
                                                                                    cum))
             elif len(live) < width:
                 live.append(self._extend(i, token, lp, cum))
         if self.steps >= self.params.max_tokens:
             for b in live:
-                self._finish(normalized(b.cum_logprob, self.steps, penalty), "length",
+                self._finish(rank_key(b.cum_logprob, self.steps, penalty), "length",
                              lambda b=b: b)
             live = []
         self.beams = live
@@ -152,7 +166,7 @@ class BeamSearch:
             # Logprobs are <= 0, so a live beam's cum_logprob only falls; its best possible
             # score is at the longest length for a positive penalty, else at the next one.
             length = self.params.max_tokens if penalty > 0 else self.steps + 1
-            best = normalized(max(b.cum_logprob for b in live), length, penalty)
+            best = rank_key(max(b.cum_logprob for b in live), length, penalty)
             if best <= self.finished[-1][0]:
                 self.beams = []  # none can enter the best beam_width any more
 
@@ -163,7 +177,8 @@ class BeamSearch:
 
     def _finish(self, score: float, reason: str,
                 make: Callable[[], BeamSearchSequence]) -> None:
-        """Keep a finished beam if it is among the best beam_width (made only then)."""
+        """Keep a finished beam if it is among the best beam_width (made only then); score: its
+        rank_key."""
         if len(self.finished) == self.params.beam_width and score <= self.finished[-1][0]:
             return
         beam = make()

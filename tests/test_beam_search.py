@@ -66,7 +66,7 @@ def test_finished_beams_are_set_aside_and_ranked_with_the_length_penalty():
     s.advance([_lp(t8=-0.1), _lp(t8=-0.1)])
     assert s.done
     # Scores (the end-of-sequence token counts in the length): [9,1] -0.5 / 1; [9,2,5,8]
-    # -1.2 / 3 = -0.4; [9,3,7,8] -2.3 / 3; [9,3,1] -0.8 / 2.
+    # -1.2 / 3 = -0.4; [9,3,7,8] -2.3 / 3; [9,3,1] -2.3 / 2.
     from tiny_models import _tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -81,6 +81,27 @@ def test_finished_beams_are_set_aside_and_ranked_with_the_length_penalty():
     long = BeamSearchSequence([9, 2, 5, 8], cum_logprob=-1.2, num_prompt_tokens=1)
     assert beam_score(long, 2.0) > beam_score(short, 2.0)
     assert beam_score(long, -1.0) < beam_score(short, -1.0)
+
+
+def _synthetic_result(penalty: float) -> list[list[int]]:
+    """The search above, run under another length penalty: its beams, best first."""
+    s = BeamSearch([9], BeamSearchParams(beam_width=2, max_tokens=3, length_penalty=penalty),
+                   eos_token_ids=[1])
+    s.advance([_lp(t1=-0.5, t2=-1.0, t3=-2.0, t4=-3.0)])
+    if not s.done:
+        s.advance([_lp(t5=-0.1, t6=-3.0), _lp(t7=-0.2, t1=-0.3)][:len(s.beams)])
+    if not s.done:
+        s.advance([_lp(t8=-0.1)] * len(s.beams))
+    return [b.tokens for _, b in s.finished]
+
+
+@pytest.mark.parametrize(("extreme", "moderate"), [(1000.0, 40.0), (-1000.0, -40.0), (10**6, 40)])
+def test_an_extreme_length_penalty_ranks_without_overflow(extreme, moderate):
+    """3 ** 1000 is past a float's range (Python raised OverflowError, and 3 ** -1000 is 0: a
+    division by zero): the ranking is taken in log space, the same as a moderate penalty's."""
+    assert _synthetic_result(extreme) == _synthetic_result(moderate)
+    beam = BeamSearchSequence([9, 2, 5, 8], cum_logprob=-1.2, num_prompt_tokens=1)
+    assert beam_score(beam, extreme) in (0.0, float("-inf"))  # the score itself, past the range
 
 
 @pytest.mark.parametrize(("penalty", "stops"), [(0.0, True), (1.0, False), (-1.0, True)])

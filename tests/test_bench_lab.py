@@ -335,6 +335,13 @@ def test_the_json_schema_workload_runs_under_its_schemas(llm):
     assert builtin_strategies()["vanilla"].engine_kwargs["jump_forward_tokens"] == 0
 
 
+def test_the_lab_has_every_free_proposer():
+    """Prompt lookup and suffix decoding need no trained network: both are lab rows by default."""
+    methods = {s.engine_kwargs.get("speculative_config", {}).get("method")
+               for s in builtin_strategies().values()}
+    assert {"ngram", "suffix"} <= methods
+
+
 def test_lab_finds_cached_drafts_and_trains_only_with_a_budget(tmp_path, monkeypatch, caplog):
     from specserve.bench.trained import cached_path, trained_draft
     from specserve.train.pipeline import RECIPE
@@ -1029,3 +1036,47 @@ def test_the_profile_split_adds_up_to_the_steps_it_was_measured_on(llm):
     gpu = SimpleNamespace(engine=SimpleNamespace(device=torch.device("cuda")))
     with pytest.raises(ValueError, match="CPU time only"):
         profile_decode_step(gpu, 1)
+
+
+def test_online_tpot_spans_the_step_that_ended_the_reply():
+    """A reply that ends on EOS ends with a chunk without text, which the step that generated
+    the EOS sends; usage counts that token, so TPOT spans up to that chunk (3 tokens: two
+    intervals, the second 0.6 s long). Timing only the text chunks read it as ~0.1 s."""
+    import aiohttp
+    from aiohttp import web
+
+    from specserve.bench.online import stream_one
+
+    def event(obj) -> bytes:
+        return f"data: {json.dumps(obj)}\n\n".encode()
+
+    async def reply(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(event({"choices": [{"index": 0, "delta": {"content": "a"}}]}))
+        await asyncio.sleep(0.2)
+        await resp.write(event({"choices": [{"index": 0, "delta": {"content": "b"}}]}))
+        await asyncio.sleep(0.6)
+        await resp.write(event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}))
+        await resp.write(event({"choices": [], "usage": {"prompt_tokens": 5,
+                                                         "completion_tokens": 3}}))
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def main_() -> float | None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", reply)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            async with aiohttp.ClientSession() as session:
+                record = await stream_one(session, f"http://127.0.0.1:{port}", {}, {})
+        finally:
+            await runner.cleanup()
+        assert record.output_tokens == 3
+        return record.tpot_s
+
+    assert asyncio.run(main_()) >= 0.3

@@ -195,15 +195,20 @@ def test_completion_matches_offline(client: openai.OpenAI, llm, prompt: str):
     assert resp.usage.prompt_tokens == len(llm.engine.tokenize(prompt))
 
 
-def test_beam_search_matches_offline(client: openai.OpenAI, llm):
+def test_beam_search_matches_offline(client: openai.OpenAI, llm, server: LiveServer):
     """vLLM's use_beam_search: n beams as n choices, best first, the offline beam search's
-    texts, on completions (two prompts) and chat."""
+    texts, on completions (two prompts) and chat. Its parameters are observed once per prompt,
+    not once per beam and step."""
     from specserve import BeamSearchParams
 
     prompts = ["The capital of France is", "def fibonacci(n):"]
     want = llm.beam_search(prompts, BeamSearchParams(beam_width=3, max_tokens=8))
-    resp = client.completions.create(model=MODEL, prompt=prompts, max_tokens=8, n=3,
+    n_count, n_sum = "vllm:request_params_n_count{}", "vllm:request_params_n_sum{}"
+    before = server.metrics()
+    resp = client.completions.create(model=MODEL, prompt=prompts, max_tokens=8, n=3, best_of=3,
                                      extra_body={"use_beam_search": True})
+    after = server.metrics()
+    assert (after[n_count] - before[n_count], after[n_sum] - before[n_sum]) == (2, 6)
     assert [c.text for c in resp.choices] == [s.text for o in want for s in o.sequences]
     assert [c.finish_reason for c in resp.choices] == [
         s.finish_reason for o in want for s in o.sequences]

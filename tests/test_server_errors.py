@@ -315,22 +315,51 @@ def test_burst_past_max_queue_gets_429s(server: LiveServer):
     assert wait_until(lambda: kv_pool_is_free(server))
 
 
+def _successes(server: LiveServer) -> float:
+    text = httpx.get(f"{server.url}/metrics", headers=AUTH).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def test_a_beam_search_too_wide_for_the_server_is_refused_before_it_runs(server: LiveServer):
+    """3 prompts x 2 beams need 6 sequences, past this server's 4 (2 running + 2 waiting): a
+    400 before any step, not after the first (which runs one beam a prompt)."""
+    before = _successes(server)
+    resp = httpx.post(f"{server.url}{CMPL}", headers=AUTH, json=completion(
+        prompt=["a", "b", "c"], n=2, use_beam_search=True))
+    assert resp.status_code == 400, resp.text
+    assert "6 sequences" in resp.json()["error"]["message"]
+    assert _successes(server) == before
+
+
 # ---- shutdown (last: it stops this module's server) ------------------------------------------
 def test_sigterm_drains_then_exits_zero(server: LiveServer):
+    """Open responses finish: a stream, and a beam search, whose every step is an engine
+    request of its own (they were refused as new requests once the drain began)."""
     body = completion(max_tokens=16, ignore_eos=True, temperature=0, stream=True)
+    beam_body = completion(max_tokens=24, ignore_eos=True, n=2, use_beam_search=True)
     events: list[str] = []
-    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH,
-                      timeout=30) as resp:
-        for line in resp.iter_lines():
-            if not line:
-                continue
-            events.append(line.removeprefix("data: "))
-            if len(events) == 1:
-                server.proc.send_signal(signal.SIGTERM)
-                t0 = time.monotonic()
-    # The response in flight was allowed to finish...
+    with ThreadPoolExecutor(1) as pool:
+        before = _successes(server)
+        beam = pool.submit(httpx.post, f"{server.url}{CMPL}", headers=AUTH, json=beam_body,
+                           timeout=60)
+        assert wait_until(lambda: _successes(server) > before)  # its first step has run
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=AUTH,
+                          timeout=30) as resp:
+            for line in resp.iter_lines():
+                if not line:
+                    continue
+                events.append(line.removeprefix("data: "))
+                if len(events) == 1:
+                    assert not beam.done()
+                    server.proc.send_signal(signal.SIGTERM)
+                    t0 = time.monotonic()
+        beam_resp = beam.result()
+    # The responses in flight were allowed to finish...
     assert events[-1] == "[DONE]"
     assert [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-1]][-1] == "length"
+    assert beam_resp.status_code == 200, beam_resp.text
+    assert [c["finish_reason"] for c in beam_resp.json()["choices"]] == ["length", "length"]
     # ...then the process stopped cleanly and promptly.
     assert server.proc.wait(timeout=15) == 0, server.output()
     assert time.monotonic() - t0 < 15

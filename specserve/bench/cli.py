@@ -213,9 +213,9 @@ def _add_lab(bench) -> None:
     p.add_argument("--workloads", default=None, help="comma-separated (default: the preset's)")
     p.add_argument("--strategies", default=None,
                    help="comma-separated: vanilla, draft-static, ngram-static, adaptive-ngram, "
-                        "adaptive-draft, adaptive-draft-int4 (with a trained draft), "
-                        "eagle-static, adaptive-eagle (with a trained head), cache+quant "
-                        "(default: all)")
+                        "adaptive-suffix, adaptive-draft, adaptive-draft-int4 (with a trained "
+                        "draft), eagle-static, adaptive-eagle (with a trained head), "
+                        "cache+quant (default: all)")
     p.add_argument("--concurrency", default=None, help="e.g. 1,32 (default: the preset's)")
     p.add_argument("--repeats", type=positive_int, default=None,
                    help="repetitions: each builds every strategy again in a fresh process, in "

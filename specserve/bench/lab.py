@@ -150,12 +150,16 @@ def prepare_workload(engine: LLMEngine, name: str, items: Sequence[WorkloadItem]
     workload = PreparedWorkload(name, [engine.apply_chat_template(i.messages) for i in items],
                                 [item_max_tokens(i, cap, scale) for i in items],
                                 constrained if any(constrained) else None)
-    if workload.structured_outputs:
-        # Grammars compile here (the first one also reads the vocabulary into xgrammar),
-        # not inside the first timed run.
-        for i in range(len(items)):
-            engine.compile_grammar(workload.params(i))
+    compile_grammars(engine, workload)
     return workload
+
+
+def compile_grammars(engine: LLMEngine, workload: PreparedWorkload) -> None:
+    """Compile a constrained workload's grammars on this engine (the first one also reads the
+    vocabulary into xgrammar), so that it is not done inside the first timed run."""
+    if workload.structured_outputs:
+        for i in range(len(workload.prompts)):
+            engine.compile_grammar(workload.params(i))
 
 
 # ---- the closed loop ----------------------------------------------------------------------------
@@ -253,6 +257,12 @@ def run_workload(engine: LLMEngine, workload: PreparedWorkload, concurrency: int
     in_flight: dict[str, int] = {}
     bm = engine.block_manager
     peak_blocks = max_in_flight = idle_steps = 0
+
+    def read_blocks() -> None:
+        """Blocks in use once the step is scheduled, before the forward: after it, the
+        requests that finished have freed theirs and their successors hold none yet."""
+        nonlocal peak_blocks
+        peak_blocks = max(peak_blocks, bm.num_blocks - bm.num_free_blocks)
     before = _snapshot(engine)
     t0 = time.perf_counter()
     try:
@@ -262,8 +272,7 @@ def run_workload(engine: LLMEngine, workload: PreparedWorkload, concurrency: int
                 params = workload.params(i, ignore_eos)
                 in_flight[engine.add_request(prompt, params).request_id] = i
             max_in_flight = max(max_in_flight, len(in_flight))
-            outputs = engine.step()
-            peak_blocks = max(peak_blocks, bm.num_blocks - bm.num_free_blocks)
+            outputs = engine.step(on_forward=read_blocks)
             idle_steps = 0 if outputs else idle_steps + 1
             if idle_steps > _STUCK_STEPS:
                 raise RuntimeError("the engine made no progress (is the KV pool too small?)")
@@ -363,6 +372,9 @@ def builtin_strategies(draft_model: str | None = None, k: int = 4,
             Strategy("draft-static", spec(draft, "static")),
             Strategy("ngram-static", spec(ngram, "static")),
             Strategy("adaptive-ngram", spec(ngram, "adaptive")),
+            # Suffix decoding also guesses from the replies of the run's earlier requests
+            # (run_workload empties that cache first and hides a prompt's own replies).
+            Strategy("adaptive-suffix", spec(proposer_config("suffix", k), "adaptive")),
             Strategy("adaptive-draft", spec(draft, "adaptive"))]
     if draft_model is not None:
         # A trained draft's decoder in int4, calibrated (GPTQ) on the sequences it was trained
@@ -505,6 +517,11 @@ def run_strategy(strategy: Strategy, preset: Preset, common: dict, model: str | 
                            "num_threads": torch.get_num_threads(),
                            **{ours: stats.get(theirs, 0) for ours, theirs in _MEMORY.items()}})
     for name in preset.workloads:
+        if engine.spec_policy is not None:
+            # A fresh policy per workload, as in bench sweep: what adaptive learned on the last
+            # workload (its acceptance, its standing plan) is not this one's, and a workload's
+            # figures must not depend on which ran before it. The start-up profile is kept.
+            engine.set_speculation_policy(engine.config.speculation_policy)
         for c in preset.concurrency:
             progress(f"{strategy.name} · {name} · c={c}", 0)
             runs = [run_workload(engine, lab.workloads[name], c, preset.num_prompts(c),

@@ -67,9 +67,9 @@ def bench_engine(llm: LLM, prompts: list[list[int]], output_len: int) -> BenchRe
     wall = time.perf_counter() - t0
     ttft = [o.metrics.ttft * 1e3 for o in outs]
     # Over the tokens each request generated, not output_len: one cut short by max_model_len
-    # would read as fast as its missing tokens.
+    # would read as fast as its missing tokens. A one-token reply has no interval to time.
     tpot = [(o.metrics.finished_time - o.metrics.first_token_time) * 1e3
-            / max(len(o.outputs[0].token_ids) - 1, 1) for o in outs]
+            / (len(o.outputs[0].token_ids) - 1) for o in outs if len(o.outputs[0].token_ids) > 1]
     n_out = sum(len(o.outputs[0].token_ids) for o in outs)
     return BenchResult("specserve", len(prompts), n_out / wall, percentile(ttft, 50),
                        percentile(ttft, 99), percentile(tpot, 50), percentile(tpot, 99), wall)

@@ -96,6 +96,11 @@ async def stream_one(session: aiohttp.ClientSession, url: str, headers: dict, bo
                         last = now
                         first = first or now
                         num_chunks_with_content += 1
+                    elif choice.get("finish_reason") and first is not None:
+                        # A reply that ends on EOS (or a stop token) ends with a chunk without
+                        # text, sent by the step that generated that token: usage counts the
+                        # token, so its step belongs to the span (as the offline TPOT has it).
+                        last = now
     end = time.perf_counter()
     # Without usage (a server that ignores stream_options) chunks are the best guess.
     n = usage["completion_tokens"] if usage else num_chunks_with_content

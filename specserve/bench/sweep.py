@@ -35,6 +35,7 @@ from specserve.bench.lab import (
     Preset,
     Progress,
     build_llm,
+    compile_grammars,
     prepare_workload,
     proposer_config,
     run_workload,
@@ -119,6 +120,8 @@ def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
             if w not in workloads:
                 workloads[w] = prepare_workload(engine, w, pts.items(w), cap=pts.max_tokens_cap,
                                                 scale=pts.max_tokens_scale)
+            else:  # rendered by an earlier engine: its grammars compile on this one, untimed
+                compile_grammars(engine, workloads[w])
             # One policy object per workload, reinstalled at every switch: what it learned
             # (the workload's acceptance, the cost model's scale) carries over from run to run
             # as on a server that keeps serving that workload.
@@ -130,6 +133,8 @@ def run_sweep(settings: SweepSettings, common: dict, model: str | None = None,
                     for policy in policies[r % len(policies):] + policies[:r % len(policies)]:
                         if policy in installed:
                             engine.spec_policy = installed[policy]
+                            # the last policy's standing plan is not this one's
+                            engine.planner.reset()
                         else:
                             engine.set_speculation_policy(*parse_policy(policy, settings.k_max))
                             installed[policy] = engine.spec_policy
@@ -182,8 +187,9 @@ def summary_lines(summary: dict) -> list[str]:
     off = summary["adaptive_below_off"]
     idle = [p["spec_time_frac"] for p in summary["ratios"]
             if not p.get("drafted") and p.get("spec_time_frac") is not None]
-    overhead = ([f"adaptive drafted nothing at {len(idle)} point(s); there its speculation "
-                 f"bookkeeping took at most {max(idle):.2%} of the step time"] if idle else [])
+    overhead = ([f"adaptive drafted nothing at {len(idle)} point(s) (in their median run); "
+                 f"there its speculation bookkeeping took at most {max(idle):.2%} of the step "
+                 "time"] if idle else [])
     return [
         f"adaptive < {tol:.2f}x the best other policy at {len(best)} point(s)"
         + (": " + ", ".join(f"{where(p)} ({p['vs_best']:.3f}x {p['best_other']})" for p in best)

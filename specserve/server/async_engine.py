@@ -232,6 +232,7 @@ class AsyncEngine:
         self._routes: dict[str, _Route] = {}  # engine thread only
         self._num_in_flight = 0  # event loop only: engine requests accepted and not finished
         self._closing = False
+        self._drain_deadline: float | None = None  # drain()'s deadline, kept once it passed
         self._stopped = False  # set (under the inbox lock) when the engine thread exits
         self.dead: BaseException | None = None
         # A snapshot of engine.get_stats(), replaced (never mutated) by the engine thread after
@@ -275,6 +276,7 @@ class AsyncEngine:
         """Refuse new requests, abort the ones in flight (their consumers get RequestAborted)
         and stop the thread. The time to let them finish comes before (`drain`)."""
         self._closing = True
+        self._drain_deadline = time.monotonic()  # no step of an open request either
         if self._running:
             self._submit(_Stop())
             await asyncio.to_thread(self._finished.wait, 30.0)
@@ -284,30 +286,33 @@ class AsyncEngine:
         the engine loop's next turn). The engine loop does the aborting, so each open response
         ends properly (a stream with an error event and `[DONE]`, a non-streaming request with
         a 503) before the HTTP server, given a few seconds more, gives up on it and cuts it.
-        Only stores two fields: safe to call from a signal handler."""
+        Only stores fields: safe to call from a signal handler."""
         self._closing = True
         deadline = time.monotonic() + timeout
         if self._abort_at is None or deadline < self._abort_at:
             self._abort_at = deadline
+            self._drain_deadline = deadline
 
     # ---- the API used by request handlers (event loop) ----------------------------------------
     async def add_requests(self, request_ids: list[str], prompts: Sequence[str | list[int]],
                            params: Sequence[SamplingParams], stream: bool = False,
-                           priority: int = 0, lora_request: LoRARequest | None = None
-                           ) -> OutputStream:
+                           priority: int = 0, lora_request: LoRARequest | None = None,
+                           continuing: bool = False) -> OutputStream:
         """Queue a group of engine requests, all or none. With `stream`, every output carries
         the text so far (incremental detokenization); otherwise only the final one has text.
         Raises ValueError for input the engine refuses, QueueFullError past the admission
-        limit, EngineClosedError at shutdown."""
+        limit, EngineClosedError at shutdown. continuing: the next step of an HTTP request
+        already admitted (a beam search's), which neither a full queue nor a drain refuses
+        until the drain's deadline: the drain lets open responses finish."""
         # The request's arrival, as vLLM's front end stamps it: its TTFT and queue time include
         # the grammar compilation below and the wait for the engine thread's current step.
         arrival = time.perf_counter()
-        self._check_open()
+        self._check_open(continuing)
         if self.max_in_flight is not None and len(request_ids) > self.max_in_flight:
             # Waiting would not help: this request can never be admitted.
             raise ValueError(f"this request needs {len(request_ids)} sequences (prompts x n), "
                              f"more than the server admits at once ({self.max_in_flight})")
-        if (self.max_in_flight is not None
+        if (self.max_in_flight is not None and not continuing
                 and self._num_in_flight + len(request_ids) > self.max_in_flight):
             raise QueueFullError(f"too many requests in flight ({self._num_in_flight}); "
                                  "retry later")
@@ -321,7 +326,7 @@ class AsyncEngine:
             for key, p in {id(p.structured_outputs): p for p in params
                            if p.structured_outputs is not None}.items():
                 compiled[key] = await asyncio.to_thread(self.engine.compile_grammar, p)
-            self._check_open()  # it may have closed while they compiled
+            self._check_open(continuing)  # it may have closed while they compiled
         except BaseException:
             self._release(len(request_ids))
             raise
@@ -351,9 +356,12 @@ class AsyncEngine:
                 EngineDeadError("the engine has stopped after an error") if self.dead
                 else EngineClosedError("the server is shutting down"))
 
-    def _check_open(self) -> None:
+    def _check_open(self, continuing: bool = False) -> None:
         if self.dead is not None:
             raise EngineDeadError("the engine has stopped after an error")
+        if continuing and self._running and (self._drain_deadline is None
+                                             or time.monotonic() < self._drain_deadline):
+            return  # draining, before the deadline: an open response goes on
         if not self.accepting:
             raise EngineClosedError("the server is shutting down")
 

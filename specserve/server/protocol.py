@@ -147,6 +147,7 @@ _BEAM_SEARCH_FIELDS = frozenset({
     "skip_special_tokens", "include_stop_str_in_output", "truncate_prompt_tokens",
     "use_beam_search", "length_penalty", "prompt", "max_tokens", "add_special_tokens",
     "messages", "max_completion_tokens", "chat_template", "chat_template_kwargs",
+    "best_of",  # completions: only equal to n (older vLLM clients send the beam width twice)
     "add_generation_prompt", "continue_final_message", "documents", "include_reasoning",
     "stream_options", "return_tokens_as_token_ids", "seed"})
 # Values given explicitly that leave a sampling field off (allowed beside use_beam_search).

@@ -426,9 +426,11 @@ class OpenAIServing:
 
     async def _submit(self, request_id: str, prompt_ids: list[list[int]], params: SamplingParams,
                       n: int, stream: bool, priority: int,
-                      lora: LoRARequest | None) -> OutputStream:
+                      lora: LoRARequest | None, beam_step: int | None = None) -> OutputStream:
         """One engine request per (prompt, choice), choice index = prompt * n + j. A seeded
-        request gives choice j the seed + j, so that the n choices differ but are reproducible."""
+        request gives choice j the seed + j, so that the n choices differ but are reproducible.
+        beam_step: a beam search's step (_beam_search observes its parameters once); the steps
+        after the first continue an admitted request (AsyncEngine.add_requests)."""
         ids, prompts, all_params = [], [], []
         for p, ids_p in enumerate(prompt_ids):
             for j in range(n):
@@ -439,15 +441,21 @@ class OpenAIServing:
             with _refused_as_400():
                 output_stream = await self.engine.add_requests(ids, prompts, all_params,
                                                                stream=stream, priority=priority,
-                                                               lora_request=lora)
+                                                               lora_request=lora,
+                                                               continuing=bool(beam_step))
         except QueueFullError as exc:
             raise APIError(429, str(exc), code="queue_full") from exc
         except (EngineClosedError, EngineDeadError) as exc:
             raise APIError(503, str(exc)) from exc
-        if self.metrics is not None:  # vLLM's: the max_tokens in effect, the context's room
-            for ids_p in prompt_ids:
-                self.metrics.observe_params(n, params.max_tokens or self.max_model_len - len(ids_p))
+        if self.metrics is not None and beam_step is None:
+            self._observe_params(prompt_ids, n, params.max_tokens)
         return output_stream
+
+    def _observe_params(self, prompt_ids: list[list[int]], n: int, max_tokens: int | None) -> None:
+        """vLLM's request parameter histograms: n, and the max_tokens in effect (the context's
+        room when unset), once per prompt."""
+        for ids in prompt_ids:
+            self.metrics.observe_params(n, max_tokens or self.max_model_len - len(ids))
 
     async def _beam_search(self, request_id: str, prompt_ids: list[list[int]],
                            req: CompletionRequest | ChatCompletionRequest,
@@ -463,12 +471,19 @@ class OpenAIServing:
                 params = req.beam_search_params(max_tokens or self.max_model_len - len(ids))
                 params.validate()
                 searches.append(BeamSearch(ids, params, eos))
+            # Refused now, not after its first step: from the second on it runs n beams a prompt.
+            limit = self.engine.max_in_flight
+            if limit is not None and len(prompt_ids) * req.n > limit:
+                raise ValueError(f"this request needs {len(prompt_ids) * req.n} sequences "
+                                 f"(prompts x n), more than the server admits at once ({limit})")
+        if self.metrics is not None:
+            self._observe_params(prompt_ids, req.n, max_tokens)
         step = 0
         while live := [s for s in searches if not s.done]:
             params = dataclasses.replace(live[0].step_params(), cache_salt=req.cache_salt)
             stream = await self._submit(f"{request_id}-step{step}",
                                         [ids for s in live for ids in s.pending()], params, 1,
-                                        False, req.priority, lora)
+                                        False, req.priority, lora, beam_step=step)
             outputs = await collect_outputs(stream, raw)
             if outputs is None:
                 return None
