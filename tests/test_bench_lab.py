@@ -342,6 +342,13 @@ def test_the_lab_has_every_free_proposer():
     assert {"ngram", "suffix"} <= methods
 
 
+def test_an_untrained_self_draft_is_named_so_in_the_lab():
+    """Without a trained draft the draft rows are the target's first 4 layers: their results
+    carry that in their name (the --strategies keys stay)."""
+    assert builtin_strategies()["adaptive-draft"].name == "adaptive-draft (self-4, untrained)"
+    assert builtin_strategies("/trained")["adaptive-draft"].name == "adaptive-draft"
+
+
 def test_lab_finds_cached_drafts_and_trains_only_with_a_budget(tmp_path, monkeypatch, caplog):
     from specserve.bench.trained import cached_path, trained_draft
     from specserve.train.pipeline import RECIPE

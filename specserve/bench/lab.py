@@ -388,7 +388,12 @@ def builtin_strategies(draft_model: str | None = None, k: int = 4,
     rows.append(Strategy("cache+quant", {"enable_prefix_caching": True, "quantization": "int8",
                                          "jump_forward_tokens": 0,
                                          "kv_cache_dtype": "int8"}))
-    return {s.name: s for s in rows}
+    # Keyed by the names --strategies takes; an untrained self-draft's rows say so in the
+    # tables, plots and results.json (as bench sweep's cells do), not only in a printed notice.
+    untrained = "" if draft_model is not None else \
+        f" (self-{self_draft_layers('draft')}, untrained)"
+    return {s.name: replace(s, name=s.name + untrained) if "draft" in s.name else s
+            for s in rows}
 
 
 @dataclass(frozen=True)
