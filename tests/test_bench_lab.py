@@ -260,9 +260,13 @@ def test_sweep_ratios_pair_the_runs_of_each_round():
              cell("adaptive", [100, 50, 80])]
     (ratios,) = summarize_sweep(cells)["ratios"]
     assert ratios["vs_off"] == pytest.approx(100 / 98)  # median of 100/98, 50/82, 80/49
+    assert (ratios["rounds_below_off"], ratios["rounds"]) == (1, 3)
     assert ratios["vs_best"] == pytest.approx(100 / 98) and ratios["best_other"] == "off"
     # Median run against median run would have read 80 / 82.
     assert ratios["vs_off"] > 1 > 80 / 82
+    # A loss says in how many rounds adaptive was the slower.
+    cells = [cell("off", [100, 100, 100]), cell("adaptive", [99, 98, 101])]
+    assert "(0.990x, below in 2 of 3 rounds)" in summary_lines(summarize_sweep(cells))[1]
 
 
 @pytest.fixture(scope="module")

@@ -158,7 +158,7 @@ def summarize_sweep(cells: Sequence[dict], tolerance: float = 0.97) -> dict:
         if r["vs_best"] is None and r["vs_off"] is None:
             continue
         where = {"proposer": proposer, "workload": workload, "concurrency": c, **r,
-                 **spec_overhead(row["adaptive"])}
+                 **spec_overhead(row["adaptive"]), **rounds_below_off(row)}
         ratios.append(where)
         if r["vs_best"] is not None and r["vs_best"] < tolerance:
             below_best.append(where)
@@ -166,6 +166,18 @@ def summarize_sweep(cells: Sequence[dict], tolerance: float = 0.97) -> dict:
             below_off.append(where)
     return {"tolerance": tolerance, "ratios": ratios, "adaptive_below_best": below_best,
             "adaptive_below_off": below_off}
+
+
+def rounds_below_off(row: dict[str, dict]) -> dict:
+    """In how many rounds adaptive ran slower than `off` (runs of a round are adjacent in
+    time): a median below 1.0 from rounds that straddle it is the machine's noise as often as
+    a loss; one below in every round is not."""
+    mine = row["adaptive"].get("output_tok_s_runs") or []
+    off = (row.get("off") or {}).get("output_tok_s_runs") or []
+    if len(mine) < 2 or len(off) != len(mine):
+        return {}
+    return {"rounds": len(mine),
+            "rounds_below_off": sum(a < b for a, b in zip(mine, off, strict=True))}
 
 
 def spec_overhead(run: dict) -> dict:
@@ -182,6 +194,10 @@ def summary_lines(summary: dict) -> list[str]:
     def where(p: dict) -> str:
         return f"{p['proposer']}/{p['workload']}/c={p['concurrency']}"
 
+    def rounds(p: dict) -> str:
+        return f", below in {p['rounds_below_off']} of {p['rounds']} rounds" if "rounds" in p \
+            else ""
+
     tol = summary["tolerance"]
     best = summary["adaptive_below_best"]
     off = summary["adaptive_below_off"]
@@ -195,6 +211,7 @@ def summary_lines(summary: dict) -> list[str]:
         + (": " + ", ".join(f"{where(p)} ({p['vs_best']:.3f}x {p['best_other']})" for p in best)
            if best else ""),
         f"adaptive < 1.00x off at {len(off)} point(s)"
-        + (": " + ", ".join(f"{where(p)} ({p['vs_off']:.3f}x)" for p in off) if off else ""),
+        + (": " + ", ".join(f"{where(p)} ({p['vs_off']:.3f}x{rounds(p)})" for p in off)
+           if off else ""),
         *overhead,
     ]
