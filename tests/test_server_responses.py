@@ -203,6 +203,34 @@ def test_events_of_reasoning_text_and_calls_in_order():
     assert out[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
 
 
+def test_a_named_call_after_reasoning_streams_as_one_reasoning_item_then_the_call():
+    """tool_choice names a function and the reply reasons first, over several steps: the
+    call's item opens with its first argument text, after the reasoning (its header, sent on
+    the first empty step, opened the call before the reasoning that followed, and the
+    arguments went into a second reasoning item)."""
+    from specserve.server.reasoning import ReasoningReader
+    from specserve.server.replies import ReplyReader
+    from specserve.server.tool_calls import NamedCall
+
+    req = ResponsesRequest.model_validate({"input": "x", "tools": TOOLS, "tool_choice": {
+        "type": "function", "name": "get_weather"}})
+    reader = ReplyReader(ReasoningReader(), NamedCall("get_weather"))
+    events = ResponseEvents("resp_n", MODEL, req, cache_block=None, count_tokens=len)
+    out = events.start()
+    steps = ["<think>Let me", " think", ".</think>", '{"city": ', '"Paris"}']
+    for i, step in enumerate(steps):
+        out += events.feed(*reader.feed(step, i == len(steps) - 1))
+    out += events.finish(RequestOutput("r", None, [1], [CompletionOutput(0, "", [5] * 5,
+                                                                         finish_reason="stop")],
+                                       True))
+    for event in out:
+        EVENT.validate_python(event)
+    final = out[-1]["response"]["output"]
+    assert [i["type"] for i in final] == ["reasoning", "function_call"]
+    assert final[0]["content"][0]["text"] == "Let me think."
+    assert json.loads(final[1]["arguments"]) == {"city": "Paris"}
+
+
 def test_an_assistants_text_and_calls_are_one_turn():
     req = ResponsesRequest.model_validate({"input": [
         {"role": "user", "content": "Weather?"},

@@ -160,6 +160,12 @@ def test_hermes_edge_cases():
     assert HermesCalls().read(deep) == (deep, [])
     assert RequiredCalls().read("[" * 100_000) == ("[" * 100_000, [])
     assert Llama3JsonCalls().read("{" * 100_000)[1] == []
+    # Arguments that are not an object, nor an object's JSON text: not a call (a client's
+    # json.loads would fail on them, and the turn sent back would be refused).
+    for arguments in ('"Paris"', "null", "[1]", "5", '"[1]"'):
+        text = f'<tool_call>{{"name": "f", "arguments": {arguments}}}</tool_call>'
+        assert HermesCalls().read(text) == (text, []), arguments
+    assert Llama3JsonCalls().read('{"name": "f", "parameters": "x"}')[1] == []
 
 
 def test_a_long_call_is_read_in_pieces_as_whole():

@@ -5,9 +5,11 @@ saved draft is used losslessly by the engine and refused by the wrong target."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -435,6 +437,14 @@ def test_a_draft_directory_is_replaced_whole_or_not_at_all(tmp_path):
     # train-draft checks its --out before it generates any data or loads the target
     with pytest.raises(ValueError, match="not a specserve draft"):
         train_draft("/nonexistent/target", [], other, DistillConfig())
+    # --out . (or the directory holding it) is refused before the run: replaced whole, it
+    # would leave the shell in a deleted directory, and "." failed at the save, after the run
+    here = tmp_path / "here"
+    here.mkdir()
+    with contextlib.chdir(here):
+        for out in (Path("."), here, tmp_path):
+            with pytest.raises(ValueError, match="current directory"):
+                train_draft("/nonexistent/target", [], out, DistillConfig())
 
 
 def _tiny_loop(fake_clock, tick: float, **cfg):

@@ -119,13 +119,19 @@ def _is_utf8(text: Any) -> bool:
 
 def _as_call(call: Any, *keys: str) -> tuple[str, str] | None:
     """(name, arguments as JSON text) of a call object the model wrote, its arguments under
-    the first of `keys` it has; None if it is not one."""
+    the first of `keys` it has; None if it is not one. The arguments must be an object, or the
+    JSON text of one (some models write them so): a client reads them with json.loads and
+    sends them back as an object, so "Paris" or null passed through broke both."""
     if not isinstance(call, dict) or not _is_utf8(name := call.get("name")):
         return None
     arguments = next((call[k] for k in keys if k in call), {})
     if isinstance(arguments, str):
-        return (name, arguments) if _is_utf8(arguments) else None
-    return name, dumps_as_written(arguments)
+        try:
+            is_object = _is_utf8(arguments) and isinstance(strict_loads(arguments), dict)
+        except ValueError:
+            is_object = False
+        return (name, arguments) if is_object else None
+    return (name, dumps_as_written(arguments)) if isinstance(arguments, dict) else None
 
 
 @dataclass(slots=True)
@@ -180,10 +186,13 @@ class NamedCall(CallReader):
     def feed(self, text: str) -> tuple[str, list[CallDelta]]:
         if self.num_calls:
             return "", [CallDelta(0, text)] if text else []
-        return "", self._calls([(self.name, text)])
+        # The call opens with its first text: while the reply still reasons, a header sent
+        # on an empty piece opened the Responses API's function_call item before the
+        # reasoning item that follows, and its arguments went into that one.
+        return "", self._calls([(self.name, text)]) if text else []
 
     def finish(self) -> tuple[str, list[CallDelta]]:
-        return self.feed("") if not self.num_calls else ("", [])
+        return ("", self._calls([(self.name, "")])) if not self.num_calls else ("", [])
 
 
 class RequiredCalls(CallReader):

@@ -49,7 +49,8 @@ def add_train_parser(subparsers) -> None:
     p.add_argument("--max-steps", type=positive_int, default=None,
                    help="stop after this many steps (the budget still applies); the learning "
                         "rate then follows the steps, not the clock, so the same seed gives the "
-                        "same draft on any machine")
+                        "same draft however loaded the machine is (on a CPU of the same kind: "
+                        "bf16 or fp32 training is the CPU's choice)")
     p.add_argument("--dtype", default="auto",
                    help="the dtype the target is served in: the engine's while generating the "
                         "data, and the teacher's")

@@ -34,6 +34,13 @@ def check_draft_dir(out: Path) -> None:
     """Raise ValueError unless out is new, empty or an earlier draft: written_whole replaces
     it, and another directory's files would go with it. Called before training as well, so
     that a wrong --out fails before the run, not after it."""
+    here = Path.cwd()
+    if Path(os.path.abspath(out)) in (here, *here.parents):
+        # Replacing it would leave this process, and the shell it was started from, in a
+        # deleted directory ("." itself cannot even be renamed: --out . failed at the save,
+        # after the whole run).
+        raise ValueError(f"{out} is the current directory or holds it: the draft replaces its "
+                         "directory whole, so save it to another one")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not _is_draft_dir(out))):
         raise ValueError(f"{out} holds files that are not a specserve draft: save the draft "
                          "to a new or empty directory")
