@@ -403,6 +403,31 @@ def test_adapters_load_and_unload_at_run_time(server, tiny):
         tiny["expected"]["a"][0]
 
 
+def test_a_beam_search_keeps_its_adapter_when_it_is_unloaded(server, tiny):
+    """Every step of a beam search is an engine request of its own: unloaded midway, the
+    adapter stays in the engine until the search ends (its next step was a 400), and only
+    new requests are refused."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from test_server import wait_until
+
+    assert httpx.post(f"{server.url}/v1/load_lora_adapter", timeout=60, json={
+        "lora_name": "e", "lora_path": tiny["a"].lora_path}).status_code == 200
+    done = "vllm:request_success_total{finished_reason=length}"
+    body = {"model": "e", "prompt": PROMPTS[0], "max_tokens": 64, "ignore_eos": True, "n": 2,
+            "use_beam_search": True}
+    with ThreadPoolExecutor(1) as pool:
+        before = server.metrics().get(done, 0)
+        search = pool.submit(httpx.post, f"{server.url}/v1/completions", json=body, timeout=60)
+        assert wait_until(lambda: server.metrics().get(done, 0) > before)  # a step has run
+        unload = httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "e"})
+        assert unload.status_code == 200 and not search.done()
+        reply = search.result()
+    assert reply.status_code == 200, reply.text
+    assert [c["finish_reason"] for c in reply.json()["choices"]] == ["length", "length"]
+    assert httpx.post(f"{server.url}/v1/completions", json=body).status_code == 404
+
+
 @pytest.mark.parametrize(("flags", "error"), [
     (["--lora-modules", "a=A"], "--lora-modules needs --enable-lora"),
     (["--enable-lora", "--lora-modules", "base=A"], "is the base model's name"),

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -105,6 +106,11 @@ class OpenAIServing:
         # engine for an unloaded adapter can never find another one under its id.
         self._lora_ids = max([0, *(r.lora_int_id for r in self.loras.values())])
         self._loading: set[str] = set()  # names whose adapters are being read
+        # Beam searches running per adapter id, and the ids unloaded while one ran: a search's
+        # every step is a new engine request, so the engine keeps such an adapter until the
+        # last search with it ends (a running request keeps its weights too).
+        self._searching: Counter[int] = Counter()
+        self._unload_after_search: set[int] = set()
         self.model_name = model_name
         # How tool_choice "auto" reads the model's calls (None: such requests are refused),
         # and how a reply's reasoning is told from its answer (None: it is not).
@@ -395,7 +401,10 @@ class OpenAIServing:
         if lora is None:
             raise APIError(404, f"The lora adapter '{req.lora_name}' cannot be found.",
                            param="lora_name", code="model_not_found")
-        self.engine.engine.remove_lora(lora.lora_int_id)  # running requests keep their weights
+        if self._searching[lora.lora_int_id]:
+            self._unload_after_search.add(lora.lora_int_id)
+        else:
+            self.engine.engine.remove_lora(lora.lora_int_id)  # running requests keep theirs
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed "
                                  "successfully.")
 
@@ -478,19 +487,33 @@ class OpenAIServing:
                                  f"(prompts x n), more than the server admits at once ({limit})")
         if self.metrics is not None:
             self._observe_params(prompt_ids, req.n, max_tokens)
-        step = 0
-        while live := [s for s in searches if not s.done]:
-            params = dataclasses.replace(live[0].step_params(), cache_salt=req.cache_salt)
-            stream = await self._submit(f"{request_id}-step{step}",
-                                        [ids for s in live for ids in s.pending()], params, 1,
-                                        False, req.priority, lora, beam_step=step)
-            outputs = await collect_outputs(stream, raw)
-            if outputs is None:
-                return None
-            advance_all(live, [out.outputs[0].logprobs[0] for out in outputs])
-            step += 1
+        if lora is not None:
+            self._searching[lora.lora_int_id] += 1
+        try:
+            step = 0
+            while live := [s for s in searches if not s.done]:
+                params = dataclasses.replace(live[0].step_params(), cache_salt=req.cache_salt)
+                stream = await self._submit(f"{request_id}-step{step}",
+                                            [ids for s in live for ids in s.pending()], params,
+                                            1, False, req.priority, lora, beam_step=step)
+                outputs = await collect_outputs(stream, raw)
+                if outputs is None:
+                    return None
+                advance_all(live, [out.outputs[0].logprobs[0] for out in outputs])
+                step += 1
+        finally:
+            if lora is not None:
+                self._search_ended(lora.lora_int_id)
         return [out for i, s in enumerate(searches)
                 for out in s.as_outputs(self._tokenizer, f"{request_id}-{i}")]
+
+    def _search_ended(self, lora_int_id: int) -> None:
+        self._searching[lora_int_id] -= 1
+        if not self._searching[lora_int_id]:
+            del self._searching[lora_int_id]
+            if lora_int_id in self._unload_after_search:
+                self._unload_after_search.discard(lora_int_id)
+                self.engine.engine.remove_lora(lora_int_id)
 
     # ---- streaming ----------------------------------------------------------------------------
     def _echo(self, req: CompletionRequest, prompts: list[str | list[int]],
