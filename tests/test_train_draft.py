@@ -302,6 +302,21 @@ def test_split_is_seeded_and_stratified():
     assert len(train) + len(held) == 40
 
 
+def test_prompts_that_differ_only_in_whitespace_are_one_prompt():
+    """Held out, a copy with a trailing or doubled space measures what the draft trained on."""
+    from specserve.train.data import unique_prompts
+
+    def chat(text: str) -> list[dict]:
+        return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+
+    items = [PromptItem("a", text="Name a  colour."), PromptItem("a", text="Name a colour. "),
+             PromptItem("b", messages=chat("Why is the sky blue?")),
+             PromptItem("b", messages=chat("Why is the\nsky blue?  ")),
+             PromptItem("b", messages=chat("Why is the sea blue?")),
+             PromptItem("c", token_ids=[5, 6]), PromptItem("c", token_ids=[5, 6, 7])]
+    assert unique_prompts(items) == [items[0], items[2], items[4], items[5], items[6]]
+
+
 def test_data_holds_out_whole_prompts_and_samples_extra_replies(tmp_path):
     llm = LLM(str(_target(tmp_path / "target")), dtype="float32", kv_cache_memory=16 << 20)
     items = _items(20, seed=2)

@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from specserve.sampling_params import SamplingParams
 
@@ -168,14 +169,23 @@ def split_by_kind(entries: Sequence, held_out_fraction: float, seed: int) -> tup
     return train, held
 
 
+def _spaced(text: Any) -> Any:
+    """A string with its runs of whitespace made one space, ends stripped; anything else as is."""
+    return " ".join(text.split()) if isinstance(text, str) else text
+
+
 def unique_prompts(items: Sequence[PromptItem]) -> list[PromptItem]:
     """items without repeats (the first of each prompt is kept, under its kind): a prompts file
     with a line twice, `--workload prose,prose` or json beside json-schema (the same prompts)
-    would otherwise put one copy in train and the other in held-out."""
+    would otherwise put one copy in train and the other in held-out. Prompts that differ only
+    in whitespace (a trailing space, a doubled one) are repeats too: held out, such a copy
+    measures what the draft was trained on."""
     seen: set[str] = set()
     out = []
     for item in items:
-        key = prompt_key(item.messages, item.text, item.token_ids)
+        messages = None if item.messages is None else [
+            {**m, "content": _spaced(m.get("content"))} for m in item.messages]
+        key = prompt_key(messages, _spaced(item.text), item.token_ids)
         if key not in seen:
             seen.add(key)
             out.append(item)
