@@ -308,10 +308,7 @@ class AsyncEngine:
         # the grammar compilation below and the wait for the engine thread's current step.
         arrival = time.perf_counter()
         self._check_open(continuing)
-        if self.max_in_flight is not None and len(request_ids) > self.max_in_flight:
-            # Waiting would not help: this request can never be admitted.
-            raise ValueError(f"this request needs {len(request_ids)} sequences (prompts x n), "
-                             f"more than the server admits at once ({self.max_in_flight})")
+        self.check_admissible(len(request_ids))
         if (self.max_in_flight is not None and not continuing
                 and self._num_in_flight + len(request_ids) > self.max_in_flight):
             raise QueueFullError(f"too many requests in flight ({self._num_in_flight}); "
@@ -355,6 +352,13 @@ class AsyncEngine:
             command.done.set_exception(
                 EngineDeadError("the engine has stopped after an error") if self.dead
                 else EngineClosedError("the server is shutting down"))
+
+    def check_admissible(self, num_sequences: int) -> None:
+        """ValueError for a request of more sequences than the server admits at once: waiting
+        would not help, it can never be admitted."""
+        if self.max_in_flight is not None and num_sequences > self.max_in_flight:
+            raise ValueError(f"this request needs {num_sequences} sequences (prompts x n), "
+                             f"more than the server admits at once ({self.max_in_flight})")
 
     def _check_open(self, continuing: bool = False) -> None:
         if self.dead is not None:

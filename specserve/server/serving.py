@@ -106,11 +106,10 @@ class OpenAIServing:
         # engine for an unloaded adapter can never find another one under its id.
         self._lora_ids = max([0, *(r.lora_int_id for r in self.loras.values())])
         self._loading: set[str] = set()  # names whose adapters are being read
-        # Beam searches running per adapter id, and the ids unloaded while one ran: a search's
-        # every step is a new engine request, so the engine keeps such an adapter until the
-        # last search with it ends (a running request keeps its weights too).
+        # Beam searches running per adapter id: a search's every step is a new engine request,
+        # so the engine keeps an adapter unloaded meanwhile until the last search with it ends
+        # (a running request keeps its weights too).
         self._searching: Counter[int] = Counter()
-        self._unload_after_search: set[int] = set()
         self.model_name = model_name
         # How tool_choice "auto" reads the model's calls (None: such requests are refused),
         # and how a reply's reasoning is told from its answer (None: it is not).
@@ -401,9 +400,7 @@ class OpenAIServing:
         if lora is None:
             raise APIError(404, f"The lora adapter '{req.lora_name}' cannot be found.",
                            param="lora_name", code="model_not_found")
-        if self._searching[lora.lora_int_id]:
-            self._unload_after_search.add(lora.lora_int_id)
-        else:
+        if not self._searching[lora.lora_int_id]:  # else the last search with it removes it
             self.engine.engine.remove_lora(lora.lora_int_id)  # running requests keep theirs
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed "
                                  "successfully.")
@@ -481,10 +478,7 @@ class OpenAIServing:
                 params.validate()
                 searches.append(BeamSearch(ids, params, eos))
             # Refused now, not after its first step: from the second on it runs n beams a prompt.
-            limit = self.engine.max_in_flight
-            if limit is not None and len(prompt_ids) * req.n > limit:
-                raise ValueError(f"this request needs {len(prompt_ids) * req.n} sequences "
-                                 f"(prompts x n), more than the server admits at once ({limit})")
+            self.engine.check_admissible(len(prompt_ids) * req.n)
         if self.metrics is not None:
             self._observe_params(prompt_ids, req.n, max_tokens)
         if lora is not None:
@@ -508,11 +502,12 @@ class OpenAIServing:
                 for out in s.as_outputs(self._tokenizer, f"{request_id}-{i}")]
 
     def _search_ended(self, lora_int_id: int) -> None:
+        """The last search with an adapter unloaded meanwhile (no name serves its id any more:
+        ids are never reused) removes it from the engine."""
         self._searching[lora_int_id] -= 1
         if not self._searching[lora_int_id]:
             del self._searching[lora_int_id]
-            if lora_int_id in self._unload_after_search:
-                self._unload_after_search.discard(lora_int_id)
+            if all(lora.lora_int_id != lora_int_id for lora in self.loras.values()):
                 self.engine.engine.remove_lora(lora_int_id)
 
     # ---- streaming ----------------------------------------------------------------------------
