@@ -9,7 +9,7 @@ import torch
 
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-           "float16": torch.float16, "fp16": torch.float16}
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
 
 
 def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
@@ -37,6 +37,7 @@ def parse_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") ->
 # Weight-only integer modes: torch's int8pack / int4pack kernels run with bf16 activations (with
 # fp32 ones they are 10-50x slower), so their "auto" dtype is bf16 whatever the CPU.
 INT_WEIGHT_METHODS = ("int8", "int4", "gguf")
+QUANTIZATION_METHODS = (*INT_WEIGHT_METHODS, "fp8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +103,12 @@ class CacheConfig:
     num_blocks: int | None = None  # overrides kv_cache_memory (tests use it to force preemption)
 
     def __post_init__(self) -> None:
+        from specserve.layers.kv_cache import KV_CACHE_DTYPES
+
+        # Checked here, before the weights are read (minutes for a large model), not after.
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r}; choose one of "
+                             f"{KV_CACHE_DTYPES}")
         if isinstance(self.kv_cache_memory, str):  # LLM(kv_cache_memory="2GiB"), as on the CLI
             object.__setattr__(self, "kv_cache_memory", parse_memory_size(self.kv_cache_memory))
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -174,6 +181,9 @@ class EngineConfig:
             raise ValueError("jump_forward_tokens must be >= 0 (0 turns jump-forward drafts off)")
         if self.dtype != "auto":
             parse_dtype(self.dtype)
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"unknown quantization {self.quantization!r}; choose one of "
+                             f"{QUANTIZATION_METHODS}")
         device = torch.device(self.device)  # raises on a malformed name
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"device must be cpu or cuda[:N], got {self.device!r}")

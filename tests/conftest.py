@@ -12,7 +12,10 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # SPECSERVE_TEST_THREADS=1 keeps a test run from starving a benchmark (or another run) beside it.
-torch.set_num_threads(int(os.environ.get("SPECSERVE_TEST_THREADS", min(2, os.cpu_count() or 1))))
+# Under pytest-xdist (`make test`) the cores are shared among the workers.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+torch.set_num_threads(int(os.environ.get("SPECSERVE_TEST_THREADS",
+                                         max(1, min(2, (os.cpu_count() or 1) // _WORKERS)))))
 
 # Varied prompts: prose, code, lists, chat-formatted, non-English, numbers.
 PROMPTS = [

@@ -64,8 +64,9 @@ def test_scaled_rope_matches_transformers(tmp_path, rope):
 
 def test_checkpoints_whose_outputs_would_be_wrong_are_refused(tmp_path):
     """A tensor with no place in the model (o_proj's bias, which transformers' Llama has with
-    attention_bias), a pre-quantized checkpoint and a rope whose frequencies change with the
-    length: each is a clear error, not a model that loads and answers wrongly."""
+    attention_bias), a pre-quantized checkpoint, a rope whose frequencies change with the
+    length and a directory without a tokenizer: each is a clear error, not a model that loads
+    and answers wrongly."""
     import json
 
     biased = make_tiny_model(tmp_path / "bias", attention_bias=True)
@@ -81,12 +82,20 @@ def test_checkpoints_whose_outputs_would_be_wrong_are_refused(tmp_path):
                               rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     with pytest.raises(ValueError, match="rope .* is not supported"):
         LLM(str(dynamic), dtype="float32", kv_cache_memory=8 << 20)
+    # Weights saved without their tokenizer: transformers would make a Qwen2 one of one token
+    # (every prompt empty).
+    bare = make_tiny_model(tmp_path / "bare", arch="qwen2")
+    for f in bare.glob("tokenizer*"):
+        f.unlink()
+    with pytest.raises(ValueError, match="no tokenizer"):
+        LLM(str(bare), dtype="float32", kv_cache_memory=8 << 20)
 
 
 def test_shards_are_read_through_their_index_and_a_sliding_window_caps_the_context(tmp_path):
     """A sharded checkpoint loads through model.safetensors.index.json, and a consolidated
     copy beside the shards (Mistral's snapshots hold one) is not read as well. Mistral's
-    sliding window, which attention here does not implement, caps the context at its length."""
+    sliding window, which attention here does not implement, caps the context at its length,
+    and Qwen2's where some layer uses it."""
     import json
     import shutil
 
@@ -111,6 +120,19 @@ def test_shards_are_read_through_their_index_and_a_sliding_window_caps_the_conte
     assert (llm.generate([[5, 9, 13]], params)[0].outputs[0].token_ids
             == LLM(str(plain), dtype="float32", kv_cache_memory=8 << 20)
             .generate([[5, 9, 13]], params)[0].outputs[0].token_ids)
+    # Without an index too: one model.safetensors and a consolidated copy.
+    single = make_tiny_model(tmp_path / "single")
+    save_file({f"mistral_format.{k}": v  # its own tensor names, which have no place here
+               for k, v in load_file(str(single / "model.safetensors")).items()},
+              str(single / "consolidated.safetensors"))
+    LLM(str(single), dtype="float32", kv_cache_memory=8 << 20)
+    # Qwen2 windows its layers from max_window_layers on: the cap only where one is windowed.
+    for layers_unwindowed, cap in ((2, 256), (1, 64)):
+        qwen = make_tiny_model(tmp_path / f"qwen{layers_unwindowed}", arch="qwen2",
+                               use_sliding_window=True, sliding_window=64,
+                               max_window_layers=layers_unwindowed)
+        assert LLM(str(qwen), dtype="float32", kv_cache_memory=8 << 20).engine.max_model_len \
+            == cap
 
 
 def test_embedded_model_saved_as_hf_directory_round_trips(tmp_path, llm, hf_model):
@@ -263,10 +285,11 @@ def test_qwen3_in_bf16_with_drafts_is_lossless(tmp_path):
         assert llm.get_stats()["num_draft_tokens"] > 0
 
 
-def _qwen3_as_gguf(hf_dir, out) -> str:
+def _qwen3_as_gguf(hf_dir, out, experts: int = 0) -> str:
     """Write a Hugging Face Qwen3 directory as llama.cpp's converter lays it out (its tensor
     names, HF row order for q/k, the head width in attention.key_length), in F32, with a
-    byte-level tokenizer of the model's 64 ids (the last one EOS)."""
+    byte-level tokenizer of the model's 64 ids (the last one EOS, the one before it EOT);
+    experts: an expert count in the metadata, as a mixture of experts has."""
     import gguf
     from safetensors.torch import load_file
     from tokenizers.pre_tokenizers import ByteLevel
@@ -281,6 +304,9 @@ def _qwen3_as_gguf(hf_dir, out) -> str:
     w.add_token_scores([0.0] * 64)
     w.add_token_merges([])
     w.add_eos_token_id(63)
+    w.add_eot_token_id(62)
+    if experts:
+        w.add_expert_count(experts)
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_block_count(cfg["num_hidden_layers"])
@@ -313,8 +339,9 @@ def _qwen3_as_gguf(hf_dir, out) -> str:
 
 
 def test_a_qwen3_gguf_matches_transformers(tmp_path, monkeypatch):
-    """A Qwen3 GGUF: q/k norms read, q/k rows left in order (only llama's are permuted), and
-    the head width from key_length (hidden / heads would be 16 here, not 32)."""
+    """A Qwen3 GGUF: q/k norms read, q/k rows left in order (only llama's are permuted), the
+    head width from key_length (hidden / heads would be 16 here, not 32), and its end-of-turn
+    token among the stops; a mixture of experts is refused by name."""
     from transformers import AutoModelForCausalLM
 
     from specserve.models import loader
@@ -324,7 +351,7 @@ def test_a_qwen3_gguf_matches_transformers(tmp_path, monkeypatch):
     llm = LLM(_qwen3_as_gguf(hf_dir, tmp_path / "qwen3.gguf"), dtype="float32",
               kv_cache_memory=8 << 20)
     assert llm.engine.model_config.qk_norm and llm.engine.model_config.head_dim == 32
-    assert llm.engine.model_config.eos_token_ids == (63,)
+    assert llm.engine.model_config.eos_token_ids == (63, 62)  # llama.cpp stops at either
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
     prompt = [5, 9, 13, 2, 40, 7]
     out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
@@ -332,3 +359,6 @@ def test_a_qwen3_gguf_matches_transformers(tmp_path, monkeypatch):
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=20, min_new_tokens=20,
                           do_sample=False, eos_token_id=None, pad_token_id=0)
     assert out[0].outputs[0].token_ids == ref[0, len(prompt):].tolist()
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        LLM(_qwen3_as_gguf(hf_dir, tmp_path / "moe.gguf", experts=8), dtype="float32",
+            kv_cache_memory=8 << 20)

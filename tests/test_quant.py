@@ -76,6 +76,20 @@ def test_quantized_linear_accuracy(method, dtype, tokens, bias, out_f):
     assert mod(x.reshape(1, tokens, 256)).shape == (1, tokens, out_f)  # leading dims pass through
 
 
+def test_fp16_activations_do_not_overflow():
+    """fp16 (a T4's or V100's "auto" dtype): outputs within its range come out finite, though
+    the integer weights times these inputs are far outside it. (fp8's fallback had the same
+    fault on a GPU; on the CPU it computes in bf16.)"""
+    torch.manual_seed(0)
+    lin = nn.Linear(576, 64, bias=False)
+    with torch.no_grad():
+        lin.weight.normal_(0, 0.02)
+    x = torch.randn(4, 576) * 200  # true outputs ~100; unscaled by the ~6e-4 scales ~2e5
+    y = _make("int8", lin)[0](x.half())
+    assert y.dtype == torch.float16 and torch.isfinite(y).all()
+    assert rel(y, x @ lin.weight.T) < QUANT_TOL["int8"]
+
+
 def test_weight_nbytes():
     lin = nn.Linear(256, 96, bias=False).to(torch.bfloat16)
     bf16 = lin.weight.nbytes

@@ -239,6 +239,19 @@ def test_under_priority_a_shared_prefix_wait_lets_only_its_own_priority_pass():
     assert admitted["b"] <= admitted["d"] and b.num_cached_tokens == len(shared)
 
 
+def test_under_priority_a_request_does_not_wait_for_a_less_urgent_sharer():
+    """The less urgent sharer may get no budget for as long as urgent requests fill it: the
+    urgent request that shares its prefix prefills the prefix itself."""
+    sched, _ = make_sched(num_blocks=1024, budget=128, chunk=64, policy="priority")
+    shared = toks(9, 2 * MIN_SHARED_TOKENS_TO_WAIT)
+    slow = make_req("slow", shared + toks(1, 3), priority=5)
+    add(sched, slow)
+    assert scheduled_ids(step(sched)) == [("slow", 64)]
+    urgent = make_req("urgent", shared + toks(2, 3))
+    add(sched, urgent)
+    assert ("urgent", 64) in scheduled_ids(step(sched)) and not sched.waiting
+
+
 def test_a_wait_ends_when_the_request_it_waits_for_is_aborted():
     sched, _ = make_sched(num_blocks=1024, budget=128, chunk=64)
     shared = toks(9, 2 * MIN_SHARED_TOKENS_TO_WAIT)

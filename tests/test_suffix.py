@@ -15,6 +15,7 @@ from specserve.spec_decode.suffix import (
     MAX_CANDIDATES,
     ReplyCache,
     SuffixProposer,
+    _hash,
 )
 
 
@@ -146,12 +147,75 @@ def test_a_full_cache_forgets_its_oldest_replies_and_nothing_else():
         assert bounded.lookup(context, 5, 0.05, 10.0) == fresh.lookup(context, 5, 0.05, 10.0)
 
 
+def test_a_reply_is_found_from_its_first_token_and_its_prompt_never_guessed():
+    """A reply is kept behind its prompt's last 2 tokens (a chat template's assistant header):
+    a request that has made one token already finds the replies that began with it."""
+    cache = ReplyCache(max_replies=8, max_depth=8)
+    cache.add([10, 11, 12, 13], lead=[5, 6, 7, 8, 9])
+    assert list(cache.tokens) == [8, 9, 10, 11, 12, 13, -1]
+    assert cache.lookup([1, 8, 9, 10], 4, 0.1, 10.0)[0] == [11, 12, 13]
+    assert cache.lookup([1, 7, 8, 9], 4, 0.1, 10.0)[0] == []  # the prompt's end: no guess
+    # Without its prompt a reply's first 3 tokens are needed for a match.
+    bare = ReplyCache(max_replies=8, max_depth=8)
+    bare.add([10, 11, 12, 13])
+    assert bare.lookup([1, 8, 9, 10], 4, 0.1, 10.0)[0] == []
+    # A 2-token reply is worth keeping behind its prompt; a 1-token one (a beam search's
+    # step) is not.
+    cache.add([20, 21], lead=[8, 9])
+    cache.add([30], lead=[8, 9])
+    assert cache.num_replies == 2 and cache.lookup([8, 9, 20], 1, 0.1, 10.0)[0] == [21]
+
+
+def _colliding_ngrams() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Two different NGRAMs that _hash puts in one bucket."""
+    seen: dict[int, tuple[int, ...]] = {}
+    for a in range(40):
+        for b in range(40):
+            for c in range(800):
+                h = _hash(a, b, c)
+                if h in seen:
+                    return seen[h], (a, b, c)
+                seen[h] = (a, b, c)
+    raise AssertionError("no collision")
+
+
+def test_hash_collisions_do_not_use_up_the_candidates():
+    """The candidates are occurrences of the request's own NGRAM: many newer occurrences of
+    another NGRAM with the same hash do not hide an older match."""
+    mine, other = _colliding_ngrams()
+    cache = ReplyCache(max_replies=1000, max_depth=8)
+    cache.add([*mine, 4000, 4001])
+    for _ in range(2 * MAX_CANDIDATES):
+        cache.add([*other, 4002])
+    assert cache.lookup(list(mine), 2, 0.1, 10.0)[0] == [4000, 4001]
+
+
+def test_a_long_copy_from_the_prompt_beats_a_shorter_match_in_the_replies():
+    """Prompt lookup stops counting a match at prompt_lookup_max (4): the proposer measures
+    the request's own match as far as the replies' before it compares them."""
+    proposer = SuffixProposer(SpeculativeConfig(method="suffix"))
+    phrase = [50, 51, 52, 53, 54, 55]  # ends the request's context, and occurs in a reply
+    proposer.replies.add([*phrase, 90, 91, 92, 93])
+    document = [60, 61, 62, 63, 64, 65, 66, 67, 68, 69]
+    context = [*document, *phrase, 70, 71, 72, 73, 1, 2, *document, *phrase]
+    req = SimpleNamespace(request_id="r")
+    # The document and phrase (16 tokens) occurred earlier in the context, then 70 71 72 73.
+    assert proposer.guess(req, context, 4) == ([70, 71, 72, 73], 4)
+    # A match of the phrase alone in the context (6 tokens) loses to one of 8 in the replies.
+    proposer.replies.add([1, 2, 60, 61, *phrase, 95, 96])
+    short = [60, 61, *phrase]
+    assert proposer.guess(SimpleNamespace(request_id="s"),
+                          [*phrase, 70, 71, 9, *short], 2)[0] == [95, 96]
+
+
 def test_only_a_finished_request_leaves_its_reply():
     proposer = SuffixProposer(SpeculativeConfig(method="suffix"))
-    paused = SimpleNamespace(request_id="a", is_finished=False, output_token_ids=[5, 6, 7, 8])
+    paused = SimpleNamespace(request_id="a", is_finished=False, output_token_ids=[5, 6, 7, 8],
+                             prompt_token_ids=[1, 2])
     proposer.free(paused)  # preempted: it resumes and finishes later
     assert proposer.replies.num_replies == 0
-    done = SimpleNamespace(request_id="a", is_finished=True, output_token_ids=[5, 6, 7, 8])
+    done = SimpleNamespace(request_id="a", is_finished=True, output_token_ids=[5, 6, 7, 8],
+                           prompt_token_ids=[1, 2])
     proposer.free(done)
     assert proposer.replies.num_replies == 1
     proposer.reset_prefix_cache()
@@ -162,7 +226,12 @@ def test_only_a_finished_request_leaves_its_reply():
                                  {"suffix_decoding_max_cached_requests": 0},
                                  {"suffix_decoding_max_spec_factor": 0.0},
                                  {"suffix_decoding_max_spec_factor": float("inf")},
-                                 {"suffix_decoding_min_token_prob": 1.5}])
+                                 {"suffix_decoding_min_token_prob": 1.5},
+                                 # JSON's numbers: each crashed a step or the start-up
+                                 {"suffix_decoding_max_cached_requests": 1e4},
+                                 {"suffix_decoding_max_tree_depth": 24.0},
+                                 {"prompt_lookup_max": 4.0},
+                                 {"suffix_decoding_min_token_prob": "0.1"}])
 def test_bad_suffix_settings_are_refused(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         SpeculativeConfig.from_dict({"method": "suffix", **bad})
@@ -179,7 +248,8 @@ def test_a_repeated_task_is_guessed_from_the_earlier_reply(llm):
     first = spec.generate(prompts, params)  # together: neither has a reply to learn from yet
     assert [o.outputs[0].token_ids for o in first] == want
     stats = spec.get_stats()
-    assert stats["suffix_cached_replies"] == 2 and stats["suffix_cached_tokens"] == 80
+    # Each reply is kept behind its prompt's last 2 tokens.
+    assert stats["suffix_cached_replies"] == 2 and stats["suffix_cached_tokens"] == 2 * (2 + 40)
 
     def accepted_and_drafted() -> tuple[int, int]:
         before = spec.get_stats()
@@ -235,7 +305,8 @@ def test_an_aborted_request_leaves_its_reply_and_a_running_one_none(llm):
     assert engine.proposer.replies.num_replies == 0
     engine.abort_request(req.request_id)  # its client went away: the target still wrote it
     assert engine.proposer.replies.num_replies == 1
-    assert list(engine.proposer.replies.tokens) == req.output_token_ids + [-1]
+    assert list(engine.proposer.replies.tokens) == \
+        req.prompt_token_ids[-2:] + req.output_token_ids + [-1]
 
 
 def test_switching_to_adaptive_keeps_the_replies():

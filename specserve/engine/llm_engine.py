@@ -97,6 +97,9 @@ logger = logging.getLogger("specserve")
 def _available_memory(device: torch.device) -> int:
     """Free bytes where the KV pool will live (a fractional kv_cache_memory is a share of it)."""
     if device.type == "cuda":
+        # What the caching allocator holds unused (the weights quantization replaced) is
+        # handed back first, or it would read as taken.
+        torch.cuda.empty_cache()
         return torch.cuda.mem_get_info(device)[0]
     with open("/proc/meminfo") as f:
         for line in f:

@@ -180,7 +180,7 @@ class Scheduler:
                 out.scheduled.append((req, num_new))
                 budget -= num_new
                 if inflight is not None:
-                    inflight.update(self._uncomputed_prompt_blocks(req))
+                    self._add_inflight(inflight, req)
         finally:
             self.waiting.extendleft(reversed(deferred))  # they keep their place in the queue
         return out
@@ -205,25 +205,36 @@ class Scheduler:
         hashes = self.block_manager.prompt_block_hashes(req)
         return hashes[req.num_computed_tokens // self.block_manager.block_size:]
 
-    def _inflight_prompt_blocks(self) -> set[int]:
-        """Prompt blocks that running requests are still prefilling (this step included)."""
-        return {h for r in self.running for h in self._uncomputed_prompt_blocks(r)}
+    def _inflight_prompt_blocks(self) -> dict[int, int]:
+        """Prompt blocks that running requests are still prefilling (this step included), and
+        the most urgent priority among the requests prefilling each."""
+        inflight: dict[int, int] = {}
+        for r in self.running:
+            self._add_inflight(inflight, r)
+        return inflight
 
-    def _waits_for_inflight(self, req: Request, inflight: set[int]) -> bool:
+    def _add_inflight(self, inflight: dict[int, int], req: Request) -> None:
+        for h in self._uncomputed_prompt_blocks(req):
+            inflight[h] = min(req.priority, inflight.get(h, req.priority))
+
+    def _waits_for_inflight(self, req: Request, inflight: dict[int, int]) -> bool:
         """Whether a running request is still prefilling blocks that follow req's cached prefix,
         and what req shares (cached and in flight) is long enough to wait for. The whole of it
         counts, not just what is left in flight: a request that shares a long prefix waits for
         the rest of it, usually one more step, rather than computing the sharer's last chunk
         again. Hashes only, no token comparison (find_cached_prefix does that on admission),
         so that a long queue is cheap to pass over; chained hashes make a match a whole-prefix
-        match, and a collision costs a wait, never wrong KV."""
+        match, and a collision costs a wait, never wrong KV. Under the priority policy only a
+        sharer at least as urgent is waited for: a less urgent one may get no budget for as long
+        as more urgent requests fill it, and req would wait with it."""
         if req.max_cached_prefix < req.num_prompt_tokens - 1:
             return False  # it may not read the prefix (prompt logprobs): nothing to wait for
         cached = self.block_manager.cached
         shared = in_flight = 0
         for h in self.block_manager.prompt_block_hashes(req):
             if h not in cached:  # cached first: a block one request registered while another
-                if h not in inflight:  # still prefills its own copy can be served now
+                # still prefills its own copy can be served now
+                if h not in inflight or (self.by_priority and inflight[h] > req.priority):
                     break
                 in_flight += 1
             shared += 1

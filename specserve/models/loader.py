@@ -14,6 +14,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -151,7 +152,15 @@ def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
         # Llama 3.1's GGUFs carry their rope scaling as per-frequency factors (rope_freqs).
         raise ValueError(f"{path}: a scaled rope ({scaling if scaling != 'none' else 'rope_freqs'})"
                          " is not supported from GGUF; load the Hugging Face checkpoint instead")
-    eos = meta("tokenizer.ggml.eos_token_id")
+    # llama.cpp also stops at the end-of-turn / end-of-message tokens (Llama 3's <|eot_id|>).
+    eos = tuple(dict.fromkeys(
+        t for t in (meta(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom"))
+        if t is not None))
+    if meta("split.count", 1) > 1:
+        raise ValueError(f"{path}: one part of a split GGUF; merge the parts first "
+                         "(llama-gguf-split --merge)")
+    if meta(f"{arch}.expert_count"):
+        raise ValueError(f"{path}: a mixture-of-experts GGUF is not supported")
     cfg = ModelConfig(
         vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
         hidden_size=hidden,
@@ -168,7 +177,7 @@ def _convert_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor],
         tie_word_embeddings="output.weight" not in tensors,
         attention_bias="blk.0.attn_q.bias" in tensors,
         qk_norm=arch == "qwen3",
-        eos_token_ids=(eos,) if eos is not None else (),
+        eos_token_ids=eos,
         architecture=arch,
     )
 
@@ -248,9 +257,25 @@ def _weight_files(path: Path) -> list[Path]:
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         return [path / n for n in names]
     files = sorted(path.glob("*.safetensors"))
+    # Mistral's repositories hold its own format's copy beside the Hugging Face one.
+    files = [f for f in files if not f.name.startswith("consolidated")] or files
     if not files:
         raise ValueError(f"{path}: no *.safetensors weights found")
     return files
+
+
+# A tokenizer's vocabulary is in one of these; without any, transformers 5 builds a
+# placeholder of 1-3 tokens for a Qwen or Llama config (every prompt empty or <unk>).
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer.tiktoken")
+
+
+def _load_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    if not any((path / name).is_file() for name in _TOKENIZER_FILES):
+        raise ValueError(f"{path}: no tokenizer ({' / '.join(_TOKENIZER_FILES)}); copy the "
+                         "tokenizer files from the model this checkpoint was made from")
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
 def _rope_parameters(path: Path) -> dict:
@@ -277,7 +302,10 @@ def _context_length(path: Path, hf: dict, model_type: str) -> int:
     same before it had sliding-window kernels)."""
     length = hf.get("max_position_embeddings", 4096)
     window = hf.get("sliding_window")
-    uses_window = model_type == "mistral" or bool(hf.get("use_sliding_window"))
+    # Qwen windows only its layers from max_window_layers on: maybe none of them.
+    uses_window = model_type == "mistral" or (
+        bool(hf.get("use_sliding_window"))
+        and hf.get("max_window_layers", 0) < hf["num_hidden_layers"])
     if uses_window and window and window < length:
         logger.warning("%s: sliding-window attention is not supported; the context is capped "
                        "at the window, %d tokens (of %d)", path, window, length)
@@ -287,7 +315,6 @@ def _context_length(path: Path, hf: dict, model_type: str) -> int:
 
 def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> LoadedModel:
     from safetensors.torch import load_file
-    from transformers import AutoTokenizer
 
     hf = json.loads((path / "config.json").read_text())
     archs = hf.get("architectures") or [""]
@@ -329,6 +356,7 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
         architecture=model_type,
         rope_scaling=tuple(sorted(rope.items())) if rope.get("rope_type") != "default" else (),
     )
+    tok = _load_tokenizer(path)  # before the weights: a directory without one fails at once
     hf_sd: dict[str, torch.Tensor] = {}
     for f in _weight_files(path):
         hf_sd.update(load_file(str(f)))
@@ -367,7 +395,6 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
     # o_proj's bias in a Llama with attention_bias, a layer past num_hidden_layers, ...
     _refuse_unplaced(path, {k for k in hf_sd if not k.endswith("rotary_emb.inv_freq")
                             and not (k == "lm_head.weight" and cfg.tie_word_embeddings)})
-    tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     head_ids = None
     if draft is not None and draft.get("head_vocab_ids_file"):
         head_ids = json.loads((path / draft["head_vocab_ids_file"]).read_text())

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from specserve.config import QUANTIZATION_METHODS
 from specserve.hardware import cpu_has_bf16_gemm
 from specserve.layers.linear import PackedLinear
 from specserve.quant.fp8 import Fp8Linear
@@ -117,7 +118,6 @@ def linear_weight_nbytes(model: nn.Module) -> int:
     return total
 
 
-QUANTIZATION_METHODS = ("int8", "int4", "fp8", "gguf")
 # Requantizing modes whose decode is fast enough that the bf16 LM head weighs on it (CPU): their
 # head goes int8 too. Not gguf: that mode runs the file's weights as shipped, and the tied head
 # ships as Q8_0 (groups of 32), which a per-row int8 head would requantize.

@@ -30,6 +30,11 @@ class NgramIndex:
 
     def lookup(self, tokens: list[int], k: int) -> tuple[list[int], int]:
         """(the guesses, the length of the match they follow); ([], 0) for no match."""
+        start, n = self.find(tokens)
+        return (tokens[start:start + k], n) if n else ([], 0)
+
+    def find(self, tokens: list[int]) -> tuple[int, int]:
+        """(the index after the match, its length n); (0, 0) for no match."""
         total = len(tokens)
         known = len(self.history) // 4
         if known < total:
@@ -41,10 +46,9 @@ class NgramIndex:
             stop = end
             while (pos := history.rfind(suffix, 0, stop)) >= 0:
                 if pos % 4 == 0:  # a whole-token match, not bytes straddling two tokens
-                    start = pos // 4 + n
-                    return tokens[start:start + k], n
+                    return pos // 4 + n, n
                 stop = pos + len(suffix) - 1  # look again, before this one
-        return [], 0
+        return 0, 0
 
 
 class NgramProposer(Proposer):
@@ -68,10 +72,13 @@ class NgramProposer(Proposer):
 
     def guess(self, req: Request, context: list[int], k: int) -> tuple[list[int], int]:
         """Up to k guesses for req and their evidence level (here the match length)."""
+        return self.index(req).lookup(context, k)
+
+    def index(self, req: Request) -> NgramIndex:
         index = self.indexes.get(req.request_id)
         if index is None:
             index = self.indexes[req.request_id] = NgramIndex(self.n_min, self.n_max)
-        return index.lookup(context, k)
+        return index
 
     def free(self, req: Request) -> None:
         self.indexes.pop(req.request_id, None)

@@ -16,7 +16,12 @@ NGRAM tokens hash alike, as zlib chains its match candidates. The index costs 12
 cached token and a fixed 8 MiB table.
 
 The request's own context is looked up as prompt lookup does it, and a match there at least as
-long as the replies' wins.
+long as the replies' wins (both measured up to the tree's depth).
+
+Each reply is cached behind the last NGRAM - 1 tokens of its prompt (a chat template's
+`assistant` header), so a reply's first token already finds the replies that began alike, as
+the paper's tree matches from the first generated token. The prompt's tokens are only matched,
+never guessed.
 """
 
 from __future__ import annotations
@@ -79,21 +84,25 @@ class ReplyCache:
     def num_replies(self) -> int:
         return len(self.starts)
 
-    def add(self, reply: list[int], key: int | None = None) -> None:
-        """Cache a reply; `key` names its prompt, for lookups that must not see it."""
-        if len(reply) <= NGRAM:
+    def add(self, reply: list[int], key: int | None = None, lead: list[int] | None = None) -> None:
+        """Cache a reply behind the last NGRAM - 1 tokens of `lead` (its prompt); `key` names
+        the prompt, for lookups that must not see it."""
+        lead = lead[-(NGRAM - 1):] if lead and reply else []
+        if len(lead) + len(reply) <= NGRAM:
             return  # no NGRAM in it is ever followed by a token: it can guess nothing
         if len(self.starts) >= self.max_replies:
             self._drop_oldest(len(self.starts) - self.max_replies // 2)
         tokens, prev, head = self.tokens, self.prev, self.head
-        j = len(tokens)  # the reply's first index
-        start = self.base + j
-        self.starts.append(start)
+        j = len(tokens)  # the first index of the lead and reply
+        self.starts.append(self.base + j)
         self.keys.append(key)
+        tokens.extend(lead)
         tokens.extend(reply)
         tokens.append(SEPARATOR)
-        prev.extend([-1] * (NGRAM - 1))  # its first tokens end no NGRAM of their own
-        for i in range(j + NGRAM - 1, j + len(reply)):
+        # The first tokens end no NGRAM of their own; with at most NGRAM - 1 tokens of lead,
+        # every NGRAM indexed ends in the reply, so only reply tokens follow one.
+        prev.extend([-1] * (NGRAM - 1))
+        for i in range(j + NGRAM - 1, len(tokens) - 1):
             h = _hash(tokens[i - 2], tokens[i - 1], tokens[i])
             prev.append(head[h])
             head[h] = self.base + i
@@ -132,12 +141,14 @@ class ReplyCache:
 
         p = self.head[_hash(tail[-3], tail[-2], tail[-1])]
         looked = links = 0
-        # Hidden replies do not use up the candidates (a cache without them would look past
-        # them), but the walk is bounded all the same.
+        # Hidden replies and hash collisions do not use up the candidates (a cache without them
+        # would look past them), but the walk is bounded all the same.
         while p >= base and looked < MAX_CANDIDATES and links < 4 * MAX_CANDIDATES:
             links += 1
             i = p - base
-            if exclude is not None and self.keys[bisect_right(self.starts, p) - 1] == exclude:
+            if not matches(i, NGRAM) or (  # another NGRAM with the same hash
+                    exclude is not None
+                    and self.keys[bisect_right(self.starts, p) - 1] == exclude):
                 p = prev[i]
                 continue
             looked += 1
@@ -169,6 +180,18 @@ class ReplyCache:
         return guesses, first, best
 
 
+def _match_length(context: list[int], start: int, n: int, limit: int) -> int:
+    """How far (up to limit) the tokens before context[start] match the context's last ones,
+    given that the last n do: prompt lookup stops counting at prompt_lookup_max, the replies'
+    lookup at the tree's depth."""
+    if not n:
+        return 0
+    total = len(context)
+    while n < min(limit, start) and context[start - 1 - n] == context[total - 1 - n]:
+        n += 1
+    return n
+
+
 class SuffixProposer(NgramProposer):
     """Prompt lookup (its per-request indexes and look-ups) plus the cached replies."""
 
@@ -192,27 +215,29 @@ class SuffixProposer(NgramProposer):
 
     @property
     def num_cached_tokens(self) -> int:
-        return len(self.replies.tokens) - self.replies.num_replies  # less the separators
+        """The replies' tokens and their prompts' last tokens (less the separators)."""
+        return len(self.replies.tokens) - self.replies.num_replies
 
     def guess(self, req: Request, context: list[int], k: int) -> tuple[list[int], int]:
         """The guesses of the longer match: the cached replies' (evidence: GLOBAL_LEVEL +
         ceil(10 x the first guess's estimate)) where theirs is longer than the request's own
-        context's (counted up to prompt_lookup_max), else prompt lookup's (evidence: its match
-        length)."""
-        own, n = super().guess(req, context, k)
+        context's, else prompt lookup's (evidence: its match length, up to
+        prompt_lookup_max)."""
+        start, n = self.index(req).find(context)
         exclude = self._prompt_key(req) if self.exclude_same_prompt else None
         shared, first, m = self.replies.lookup(context, k, self.min_prob, self.spec_factor,
                                                exclude)
-        if shared and m > n:
+        if shared and m > _match_length(context, start, n, self.replies.max_depth):
             return shared, GLOBAL_LEVEL + math.ceil(10 * first)
-        return own, n
+        return (context[start:start + k], n) if n else ([], 0)
 
     def free(self, req: Request) -> None:
         """A finished request's reply joins the cache (an aborted one's too: the target wrote
         it); one that is only paused (preempted, past the context) keeps its tokens."""
         if req.is_finished:
             self.replies.add(req.output_token_ids,
-                             self._prompt_key(req) if self.exclude_same_prompt else None)
+                             self._prompt_key(req) if self.exclude_same_prompt else None,
+                             lead=req.prompt_token_ids)
         super().free(req)
         self.prompt_keys.pop(req.request_id, None)
 
