@@ -161,6 +161,21 @@ def test_per_request_override_turns_speculation_off(llm):
     assert on.outputs[0].token_ids == off.outputs[0].token_ids
 
 
+def test_a_request_that_may_not_draft_is_not_planned_for():
+    """num_speculative_tokens 0 (the server's `"speculation": 0`, a beam search's beams) under
+    the adaptive policy is `off` for that request: no plan or look-up each step."""
+    spec = LLM(dtype="float32", speculative_config=SPEC_CONFIGS["ngram"])
+    planner, plans = spec.engine.planner, []
+    choose = planner._choose
+    planner._choose = lambda *args: plans.append(1) or choose(*args)
+    prompt = 'Repeat: {"a": 1, "b": 2}\n{"a": 1, "b": 2}\n{"a": 1,'
+    spec.generate([prompt], SamplingParams(temperature=0, max_tokens=16,
+                                           num_speculative_tokens=0))
+    assert not plans
+    spec.generate([prompt], SamplingParams(temperature=0, max_tokens=16))
+    assert plans
+
+
 def test_pools_are_free_after_aborts_and_preemptions(llm):
     tok = llm.get_tokenizer()
     prompts = [tok(f"Tale {i}: the fox and the crow met at dawn near mill {i}, and",

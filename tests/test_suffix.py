@@ -13,6 +13,7 @@ from specserve.spec_decode.config import SpeculativeConfig
 from specserve.spec_decode.suffix import (
     GLOBAL_LEVEL,
     MAX_CANDIDATES,
+    MAX_REPLY_TOKENS,
     ReplyCache,
     SuffixProposer,
     _hash,
@@ -164,6 +165,13 @@ def test_a_reply_is_found_from_its_first_token_and_its_prompt_never_guessed():
     cache.add([20, 21], lead=[8, 9])
     cache.add([30], lead=[8, 9])
     assert cache.num_replies == 2 and cache.lookup([8, 9, 20], 1, 0.1, 10.0)[0] == [21]
+
+
+def test_a_long_reply_is_cached_up_to_a_cap():
+    cache = ReplyCache(max_replies=8, max_depth=8)
+    cache.add(list(range(MAX_REPLY_TOKENS + 500)), lead=[7, 8])
+    assert len(cache.tokens) == 2 + MAX_REPLY_TOKENS + 1
+    assert cache.lookup([1, 2, 3], 2, 0.1, 10.0)[0] == [4, 5]
 
 
 def _colliding_ngrams() -> tuple[tuple[int, ...], tuple[int, ...]]:

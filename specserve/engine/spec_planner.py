@@ -92,7 +92,10 @@ class SpeculationPlanner:
             reqs.append(req)
             req.spec_evidence = 0  # set again where this step's guesses are looked up
             caps.append(draft_room(req, self.max_model_len))
-            forced.append("off" if req.drafts_nothing else req.params.speculation_policy)
+            # num_speculative_tokens 0 (`"speculation": 0`, a beam search's beams) is `off`:
+            # no plan, look-up or catch-up for a request that can never draft.
+            forced.append("off" if req.drafts_nothing or policy.request_k_max(req) == 0
+                          else req.params.speculation_policy)
         if not reqs:
             return
         # Under an engine-wide `off`, the requests the engine decides for get K = 0 without a

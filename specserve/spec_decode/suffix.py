@@ -44,6 +44,11 @@ SEPARATOR = -1  # ends every reply: no match or guess runs from one reply into t
 # Occurrences looked at per guess, newest first: bounds a look-up's time where a common n-gram
 # occurred thousands of times.
 MAX_CANDIDATES = 32
+# A reply is cached up to this many tokens: bounds the cache's host memory (12 bytes a token,
+# up to ~0.5 GB at the default 10,000 replies) and the engine thread's time to index one reply
+# (a Python loop, ~1 us a token), whatever max_model_len allows; a guess follows a match only
+# a few tokens on.
+MAX_REPLY_TOKENS = 4096
 # A guess from the shared replies is reported as evidence level GLOBAL_LEVEL + its estimate in
 # tenths (rounded up), apart from prompt lookup's levels (its match lengths): the acceptance
 # tracker then learns how often each estimate is right on this workload.
@@ -88,6 +93,7 @@ class ReplyCache:
         """Cache a reply behind the last NGRAM - 1 tokens of `lead` (its prompt); `key` names
         the prompt, for lookups that must not see it."""
         lead = lead[-(NGRAM - 1):] if lead and reply else []
+        reply = reply[:MAX_REPLY_TOKENS]
         if len(lead) + len(reply) <= NGRAM:
             return  # no NGRAM in it is ever followed by a token: it can guess nothing
         if len(self.starts) >= self.max_replies:
