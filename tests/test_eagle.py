@@ -145,6 +145,33 @@ def test_eagle_is_lossless_in_a_mixed_batch(trained):
     assert spec.get_stats()["num_draft_tokens"] > drafted
 
 
+def test_under_off_the_target_computes_no_features_for_the_head(trained):
+    """Under the engine's `off` the forwards return no layer streams and the head is handed
+    nothing: a step costs what it costs without a head. A request's own `static` still drafts
+    (with its features), losslessly."""
+    import dataclasses
+
+    target, outcome = trained
+    prompts, params = _mixed_batch()
+    ref = LLM(str(target), dtype="float32", kv_cache_memory=KV).generate(prompts, params)
+    spec = _spec(target, outcome.path)
+    spec.engine.set_speculation_policy("off")
+    engine, head = spec.engine, spec.engine.proposer
+    widths, handed = [], []
+    execute, hand = engine.runner.execute, head.on_target_hidden
+    engine.runner.execute = lambda *a, **k: widths.append(
+        len(engine.runner.aux_layers)) or execute(*a, **k)
+    head.on_target_hidden = lambda hidden, rows: handed.append(len(rows)) or hand(hidden, rows)
+    outs = spec.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
+    assert widths and not any(widths) and not handed
+    assert spec.get_stats()["num_draft_tokens"] == 0
+    static = [dataclasses.replace(p, speculation_policy="static") for p in params]
+    outs = spec.generate(prompts, static)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
+    assert any(widths) and handed and spec.get_stats()["num_draft_tokens"] > 0
+
+
 def test_eagle_runs_in_bf16_with_packed_weights(trained):
     """bf16 packs the head's linears for oneDNN (no .weight left): serving must not need it."""
     target, outcome = trained

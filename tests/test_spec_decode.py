@@ -161,6 +161,31 @@ def test_per_request_override_turns_speculation_off(llm):
     assert on.outputs[0].token_ids == off.outputs[0].token_ids
 
 
+def test_the_chosen_k_histogram_counts_what_was_drafted(llm):
+    """Under static K = 4 an n-gram request with no match drafts nothing that step: the
+    histogram (and the Prometheus chosen-K metric built on it) says 0 there, not 4."""
+    spec = LLM(dtype="float32", speculative_config=SPEC_CONFIGS["ngram"],
+               speculation_policy="static")
+    prompts, params = _mixed_batch(llm)
+    spec.generate(prompts[:8], params[:8])
+    stats = spec.get_stats()
+    hist = stats["spec_k_histogram"]
+    assert hist.get(0, 0) > 0 and 0 < stats["num_draft_tokens"]
+    assert sum(k * n for k, n in hist.items()) == stats["num_draft_tokens"]
+
+
+def test_a_standing_plan_ends_with_a_request_it_was_made_for():
+    """An all-zero plan stands for a few steps while the same requests run; a request that
+    ends (aborted, and maybe sent again under its client-chosen id) ends it."""
+    planner = LLM(dtype="float32", speculative_config=SPEC_CONFIGS["ngram"],
+                  speculation_policy="static").engine.planner
+    planner._idle_plan = (2, False, frozenset({"a", "b"}))
+    planner.forget("c")
+    assert planner._idle_plan is not None
+    planner.forget("a")
+    assert planner._idle_plan is None
+
+
 def test_a_request_that_may_not_draft_is_not_planned_for():
     """num_speculative_tokens 0 (the server's `"speculation": 0`, a beam search's beams) under
     the adaptive policy is `off` for that request: no plan or look-up each step."""
@@ -417,6 +442,15 @@ def test_a_draft_with_a_shorter_context_drafts_only_within_it(tmp_path):
     assert draft.block_manager.num_free_blocks == draft.block_manager.num_blocks
     while engine.has_unfinished_requests():
         engine.step()
+    assert req.output_token_ids == want
+    # Under adaptive, past the draft's context a request is not planned (a plan's catch-up
+    # made it a draft sequence again, and hashed its whole context, at every step).
+    engine.set_speculation_policy("adaptive")
+    req = engine.add_request(prompt, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+        if req.num_tokens > 24:
+            assert req.request_id not in draft.seqs
     assert req.output_token_ids == want
 
 

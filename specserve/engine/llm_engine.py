@@ -449,6 +449,11 @@ class LLMEngine:
                 if stop > first:
                     scoring.append((req, inputs.query_start[i] + first - req.num_computed_tokens,
                                     stop - first))
+        if self.proposer is not None and self.proposer.needs_hidden:
+            # The layer streams an EAGLE head reads, only in a step with a request it may
+            # draft for: under `off` a step costs what it costs without a head.
+            self.runner.aux_layers = self.proposer.aux_layers if any(
+                self.planner.may_draft(r, self.spec_policy) for r, _ in sched.scheduled) else ()
         t1 = time.perf_counter()
         hidden, logits = self.runner.execute(inputs,
                                              torch.tensor(logits_indices, dtype=torch.long),
@@ -563,12 +568,15 @@ class LLMEngine:
     def _hand_over_hidden(self, scheduled, computed_before: list[int], query_start: list[int],
                           hidden: torch.Tensor) -> None:
         """Give an EAGLE proposer the target's features of every position that stayed valid
-        (rejected draft positions were rolled back already)."""
-        self.proposer.on_target_hidden(hidden, [
-            (req, before, start, req.num_computed_tokens - before)
-            for (req, _), before, start in zip(scheduled, computed_before, query_start,
-                                               strict=True)
-            if not req.is_finished and req.num_computed_tokens > before])
+        (rejected draft positions were rolled back already), for the requests it may draft
+        for."""
+        rows = [(req, before, start, req.num_computed_tokens - before)
+                for (req, _), before, start in zip(scheduled, computed_before, query_start,
+                                                   strict=True)
+                if not req.is_finished and req.num_computed_tokens > before
+                and self.planner.may_draft(req, self.spec_policy)]
+        if rows:
+            self.proposer.on_target_hidden(hidden, rows)
 
     def _on_verified(self, req: Request, num_draft: int, num_accepted: int,
                      next_guess_right: bool | None = None) -> None:

@@ -67,13 +67,26 @@ class SpeculationPlanner:
 
     def forget(self, request_id: str) -> None:
         """A request ended: its unused guess must not be scored against a new request that
-        takes its id before the next step (a client-chosen id, aborted and sent again)."""
+        takes its id before the next step (a client-chosen id, aborted and sent again), nor a
+        standing plan made for it stand for that new request."""
         self._shadow.pop(request_id, None)
+        if self._idle_plan is not None and request_id in (self._idle_plan[2] or ()):
+            self._idle_plan = None
 
     def take_shadow(self) -> dict[str, int]:
         """The shadow guesses made for the step that just ran, handed over once."""
         shadow, self._shadow = self._shadow, {}
         return shadow
+
+    @staticmethod
+    def may_draft(req: Request, policy: SpecPolicy) -> bool:
+        """Whether req can be given drafts at all: not if it drafts nothing (a seeded sampled
+        request), may not (num_speculative_tokens 0: `"speculation": 0`, a beam search's
+        beams), or is `off` (its own, or the engine's, which only its own `static` overrides).
+        Such a request gets no plan, look-up or catch-up, and an EAGLE head no features."""
+        own = req.params.speculation_policy
+        return not (req.drafts_nothing or policy.request_k_max(req) == 0 or own == "off"
+                    or (policy.name == "off" and own != "static"))
 
     def propose(self, policy: SpecPolicy) -> None:
         """Choose K per decoding request (the policy) and guess that many tokens: each
@@ -85,17 +98,17 @@ class SpeculationPlanner:
                 continue  # still in prefill
             if req.spec_token_ids:
                 continue  # not scheduled this step (token budget): its guesses still wait
-            if self.max_model_len - req.num_tokens - 1 <= 0:
+            past = self.max_model_len - req.num_tokens - 1 <= 0
+            if past:
                 # Past the proposer's context (a draft model's may end before the target's)
-                # for good: what it holds for req goes back now, not when req ends.
+                # for good: what it holds for req goes back now, not when req ends, and req is
+                # `off` (planned, a draft model would make it a sequence again to catch up).
                 self.proposer.free(req)
             reqs.append(req)
             req.spec_evidence = 0  # set again where this step's guesses are looked up
             caps.append(draft_room(req, self.max_model_len))
-            # num_speculative_tokens 0 (`"speculation": 0`, a beam search's beams) is `off`:
-            # no plan, look-up or catch-up for a request that can never draft.
-            forced.append("off" if req.drafts_nothing or policy.request_k_max(req) == 0
-                          else req.params.speculation_policy)
+            forced.append(req.params.speculation_policy
+                          if self.may_draft(req, policy) and not past else "off")
         if not reqs:
             return
         # Under an engine-wide `off`, the requests the engine decides for get K = 0 without a
@@ -110,8 +123,8 @@ class SpeculationPlanner:
         if free:
             looked = self._choose(policy, reqs, free, ks, caps)
         ks = [min(k, cap) for k, cap in zip(ks, caps, strict=True)]
-        policy.record_choice(ks)
         if not any(ks):
+            policy.record_choice(ks)
             return  # zero overhead when nobody speculates: no draft forward at all
         rest = [i for i in range(len(reqs)) if i not in looked]
         token_ids = [looked[i][:k] if i in looked else [] for i, k in enumerate(ks)]
@@ -126,6 +139,9 @@ class SpeculationPlanner:
                 if proposal.evidence is not None and ks[i]:  # not over a shadow look-up's
                     reqs[i].spec_evidence = proposal.evidence[j]
         self.stats.draft_time += time.perf_counter() - t0
+        # What each request drafts: a static K finds no guess where n-gram has no match, a
+        # draft network none where its pool is full.
+        policy.record_choice([len(t) for t in token_ids])
         for req, tokens in zip(reqs, token_ids, strict=True):
             req.spec_token_ids, req.spec_from_grammar = tokens, False
         row = 0  # the proposal's probability rows are the rest's drafts, in order

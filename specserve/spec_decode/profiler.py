@@ -177,8 +177,9 @@ def profile_forward(runner: ModelRunner, points: tuple[int, ...] = PROFILE_POINT
         kv_read_s = max(d1 - attention_s, 0.0)
 
     def chunk_shape(n: int) -> list[tuple[SimpleNamespace, int]]:
-        full, rest = divmod(n, CHUNK_SEQ_LEN)
-        lens = [CHUNK_SEQ_LEN] * full + [rest] * bool(rest)
+        seq_len = min(CHUNK_SEQ_LEN, limit)  # a model's positions may end sooner
+        full, rest = divmod(n, seq_len)
+        lens = [seq_len] * full + [rest] * bool(rest)
         return [(seq(i, q, q), q) for i, q in enumerate(lens)]
 
     chunk = list(chunk_points)
