@@ -22,6 +22,7 @@ from specserve.spec_decode.acceptance import (
 )
 from specserve.spec_decode.cost_model import (
     StepCostModel,
+    choose_for_one_request,
     choose_num_speculative_tokens,
     expected_emitted,
     token_context_sum,
@@ -308,6 +309,49 @@ def test_long_contexts_make_drafts_dearer():
     assert ks[1] == 0 and ks[0] > 0
     _, seconds_short = choose_at(1e-6, [100, 100])
     assert seconds_long > seconds_short + 0.005
+
+
+def test_the_step_time_counts_the_context_of_requests_not_planned():
+    """One adaptive request among seven forced off, all at a 2.5k context: their KV reads are
+    part of the step whatever the plan, so a draft's cost is a smaller share of it. Left out,
+    the plan saw drafts ~4x dearer than they are and drafted less."""
+    flat = [1, 2, 4, 8, 16, 32, 64]
+    cost = StepCostModel(flat, [0.01 + 0.0005 * n for n in flat], kv_read_s=1e-6,
+                         base_context=96)
+    others = float(7 * (2500 - 96))
+
+    def k(alpha: float, planned: int, other: float) -> int:
+        if planned == 1:
+            return choose_for_one_request([alpha] * K_MAX, K_MAX, 8, cost, context=2500,
+                                          num_emitted=8, other_context=other)[0]
+        return int(choose_num_speculative_tokens(
+            np.full((planned, K_MAX), alpha), np.full(planned, K_MAX), 8, cost,
+            contexts=np.full(planned, 2500), num_emitted=8, other_context=other)[0][0])
+
+    gained = {1: 0, 2: 0}  # the scalar plan (one request) and the vector one
+    for alpha in np.linspace(0.05, 0.95, 19):
+        for planned in gained:
+            alone, among = k(float(alpha), planned, 0.0), k(float(alpha), planned, others)
+            assert among >= alone
+            gained[planned] += among > alone
+    assert all(gained.values()), gained
+
+
+def test_the_planner_gives_the_policy_the_contexts_it_does_not_plan_for():
+    spec = LLM(dtype="float32", speculative_config={"method": "ngram"})
+    policy, seen = spec.engine.spec_policy, []
+    choose = policy.choose
+
+    def spy(reqs, *args, **kwargs):
+        seen.append((len(reqs), list(args[-1]) if len(args) >= 8 else None))
+        return choose(reqs, *args, **kwargs)
+
+    policy.choose = spy
+    prompt = 'Copy: {"id": 7, "name": "lamp"}\n{"id": 7, "name": "lamp"}\n{"id": 7,'
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    spec.generate([prompt, prompt], [params, SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True, speculation_policy="off")])
+    assert seen and all(n == 1 and others and others[0] > 20 for n, others in seen[:3])
 
 
 def test_a_prefill_chunk_in_the_step_does_not_make_drafts_look_cheap():
@@ -1088,7 +1132,7 @@ def test_a_request_joining_a_small_batch_is_planned_at_once():
     policy = spec.engine.spec_policy
 
     def one_draft_where_allowed(reqs, num_running, num_base, catch_up, num_prefill=0, caps=None,
-                                evidence=None, num_emitted=None):
+                                evidence=None, num_emitted=None, other_contexts=()):
         return [min(1, c) for c in caps]
 
     policy.choose = one_draft_where_allowed
@@ -1109,7 +1153,7 @@ def test_a_request_running_alone_is_planned_at_every_step():
     plans = []
 
     def never(reqs, num_running, num_base, catch_up, num_prefill=0, caps=None, evidence=None,
-              num_emitted=None):
+              num_emitted=None, other_contexts=()):
         plans.append(len(reqs))
         return [0] * len(reqs)
 

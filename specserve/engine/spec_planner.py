@@ -156,8 +156,12 @@ class SpeculationPlanner:
         looked up (index -> tokens) for a proposer whose guesses cost nothing (n-gram)."""
         # The next step also carries the requests drafting what their grammar forces (whose
         # drafts it emits, near enough: the grammar allows nothing else).
-        forced = sum(1 + len(r.spec_token_ids) for r in self.scheduler.running
-                     if r.spec_from_grammar and r.spec_token_ids)
+        grammar = [r for r in self.scheduler.running if r.spec_from_grammar and r.spec_token_ids]
+        forced = sum(1 + len(r.spec_token_ids) for r in grammar)
+        # The step's other decoding requests: their KV reads and attention are in its time.
+        chosen_for = set(free)
+        others = [r.num_tokens for i, r in enumerate(reqs) if i not in chosen_for] + \
+            [r.num_tokens for r in grammar]
         num_base = len(reqs) + sum(ks) + forced
         num_emitted = len(reqs) + forced
         num_prefill = self.scheduler.pending_prefill_tokens(num_base)
@@ -167,7 +171,7 @@ class SpeculationPlanner:
             catch_up = [self.proposer.catch_up_tokens(r) for r in free_reqs]
             evidence = [r.spec_evidence for r in free_reqs] if looked_up else None
             return policy.choose(free_reqs, len(self.scheduler.running), num_base + num_prefill,
-                                 catch_up, num_prefill, limits, evidence, num_emitted)
+                                 catch_up, num_prefill, limits, evidence, num_emitted, others)
 
         limits = [caps[i] for i in free]
         looked: dict[int, list[int]] = {}

@@ -308,6 +308,7 @@ def choose_num_speculative_tokens(
     num_prefill_tokens: int = 0,  # the part of num_base_tokens that is prefill chunks
     horizon: np.ndarray | None = None,  # [num_reqs] tokens each may still emit; None: one step
     num_emitted: float | None = None,  # tokens the step emits whatever the plan (emitted_anyway)
+    other_context: float = 0.0,  # context (beyond base_context) of the requests not planned
 ) -> tuple[np.ndarray, float, float]:
     """Returns (K per request, predicted step seconds, predicted goodput in tokens/s).
     Prefill chunks in the step set the operating point (a step with a 300-token chunk is
@@ -318,7 +319,10 @@ def choose_num_speculative_tokens(
     a new total must beat the previous step's by hysteresis, and the previous total is kept only
     while it still beats no speculation by min_gain / 2 (hysteresis never holds speculation on
     where it is predicted to lose). horizon spreads each request's catch-up over the verifications
-    it has left (module docstring); the predicted step time counts the whole catch-up."""
+    it has left (module docstring); the predicted step time counts the whole catch-up.
+    other_context: the decoding requests the step carries but the plan does not decide for (a
+    request's own `off` or `static`, grammar-forced drafts): their KV reads and attention are
+    part of the step whatever the plan, and a draft's cost is weighed against the whole step."""
     num_reqs = len(alphas)
     if 0 < num_reqs <= SCALAR_MAX_REQS:
         k, time, goodput = choose_for_one_request(
@@ -326,11 +330,12 @@ def choose_num_speculative_tokens(
             num_base_tokens, target_cost, draft_cost,
             1.0 if catch_up is None else float(catch_up[0]),
             None if horizon is None else float(horizon[0]), prev_total, hysteresis, min_gain,
-            0.0 if contexts is None else float(contexts[0]), num_prefill_tokens, num_emitted)
+            0.0 if contexts is None else float(contexts[0]), num_prefill_tokens, num_emitted,
+            other_context)
         return np.array([k], dtype=np.int64), time, goodput
     k_max = np.asarray(k_max, dtype=np.int64)
     ctx = np.zeros(num_reqs) if contexts is None else beyond(contexts, target_cost.base_context)
-    ctx_sum = float(ctx.sum())
+    ctx_sum = float(ctx.sum()) + other_context
     prefill_time = float(target_cost.extra_tokens_time(num_base_tokens - num_prefill_tokens,
                                                        num_prefill_tokens))
     base_time = float(target_cost(num_base_tokens - num_prefill_tokens)) \
@@ -497,6 +502,7 @@ def choose_for_one_request(
     draft_cost=None, catch_up: float = 1.0, horizon: float | None = None,
     prev_total: int | None = None, hysteresis: float = 0.02, min_gain: float = 0.03,
     context: float = 0.0, num_prefill_tokens: int = 0, num_emitted: float | None = None,
+    other_context: float = 0.0,
 ) -> tuple[int, float, float]:
     """choose_num_speculative_tokens for a batch of one, from plain numbers: (K, predicted step
     seconds, goodput). A request running alone is planned at every step, right after a forward
@@ -512,7 +518,7 @@ def choose_for_one_request(
     prefill_time = float(target_cost.extra_tokens_time(num_base_tokens - num_prefill_tokens,
                                                        num_prefill_tokens))
     base_time = float(target_cost(num_base_tokens - num_prefill_tokens)) \
-        + target_cost.context_time(ctx, ctx)
+        + target_cost.context_time(ctx + other_context, ctx + other_context)
     base_tokens = emitted_anyway(num_emitted, 1)
     if k_max <= 0:
         return 0, base_time + prefill_time, base_tokens / max(base_time, 1e-9)

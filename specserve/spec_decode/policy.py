@@ -22,6 +22,7 @@ from specserve.engine.request import Request
 from specserve.spec_decode.acceptance import AcceptanceTracker
 from specserve.spec_decode.cost_model import (
     StepCostModel,
+    beyond,
     choose_for_one_request,
     choose_num_speculative_tokens,
     runs_context,
@@ -78,14 +79,15 @@ class SpecPolicy:
     def choose(self, reqs: list[Request], num_running: int, num_base_tokens: int,
                catch_up: list[int], num_prefill_tokens: int = 0,
                caps: list[int] | None = None, evidence: list[int] | None = None,
-               num_emitted: int | None = None) -> list[int]:
+               num_emitted: int | None = None, other_contexts: list[int] = ()) -> list[int]:
         """K per request in reqs (the decoding ones); num_base_tokens: what the next step
         carries without drafts, num_prefill_tokens of it prefill chunks; catch_up: tokens the
         draft model must process before it can propose for each request; caps: the most drafts
         each request can still use (max_tokens, context) — the engine applies them after;
         evidence: what each request's guesses rest on, where they were looked up first
         (acceptance.py); num_emitted: the tokens the step emits whatever the plan (one per
-        decoding request, and the grammar-forced drafts), None: one per request in reqs."""
+        decoding request, and the grammar-forced drafts), None: one per request in reqs;
+        other_contexts: the contexts of the step's other decoding requests (not in reqs)."""
         return [self.request_k_max(r) for r in reqs]
 
     def record_choice(self, ks: list[int]) -> None:
@@ -144,7 +146,7 @@ class OffPolicy(SpecPolicy):
     name = "off"
 
     def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
-               caps=None, evidence=None, num_emitted=None):
+               caps=None, evidence=None, num_emitted=None, other_contexts=()):
         return [0] * len(reqs)
 
 
@@ -155,7 +157,7 @@ class BatchThresholdPolicy(SpecPolicy):
         self.name = f"batch-threshold:{threshold}"
 
     def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
-               caps=None, evidence=None, num_emitted=None):
+               caps=None, evidence=None, num_emitted=None, other_contexts=()):
         if num_running > self.threshold:
             return [0] * len(reqs)
         return [self.request_k_max(r) for r in reqs]
@@ -168,7 +170,7 @@ class SchedulePolicy(SpecPolicy):
         self.name = "schedule:" + ",".join(f"{b}={k}" for b, k in rows)
 
     def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
-               caps=None, evidence=None, num_emitted=None):
+               caps=None, evidence=None, num_emitted=None, other_contexts=()):
         k = next((k for b, k in self.rows if num_running <= b), 0)
         return [min(k, self.request_k_max(r)) for r in reqs]
 
@@ -184,11 +186,13 @@ class AdaptivePolicy(SpecPolicy):
         self.prev_total: int | None = None
 
     def choose(self, reqs, num_running, num_base_tokens, catch_up, num_prefill_tokens=0,
-               caps=None, evidence=None, num_emitted=None):
+               caps=None, evidence=None, num_emitted=None, other_contexts=()):
         ids = [r.request_id for r in reqs]
         # A free proposer's rates move every step (shadow checks); a draft network's only where
         # it drafts, so it explores: its plan starts from rates drawn from their posteriors.
         drawn = self.acceptance.sample_prior() if self.draft_cost is not None else None
+        other = float(beyond(other_contexts, self.target_cost.base_context).sum()) \
+            if len(other_contexts) else 0.0
         if len(reqs) == 1:  # its own estimate, planned in plain numbers
             req = reqs[0]
             k_max = self.request_k_max(req) if caps is None else \
@@ -201,7 +205,7 @@ class AdaptivePolicy(SpecPolicy):
                 row, k_max, num_base_tokens,
                 self.target_cost, self.draft_cost, float(catch_up[0]), self._horizon(req),
                 self.prev_total, context=req.num_tokens, num_prefill_tokens=num_prefill_tokens,
-                num_emitted=num_emitted)
+                num_emitted=num_emitted, other_context=other)
             self.prev_total = k
             return [k]
         # Several: lower estimates, so that drafts go to the requests that are likely good
@@ -219,7 +223,8 @@ class AdaptivePolicy(SpecPolicy):
             alphas, k_max, num_base_tokens, self.target_cost, self.draft_cost,
             np.asarray(catch_up, dtype=np.float64), self.prev_total,
             contexts=np.array([r.num_tokens for r in reqs]), num_prefill_tokens=num_prefill_tokens,
-            horizon=np.array([self._horizon(r) for r in reqs]), num_emitted=num_emitted)
+            horizon=np.array([self._horizon(r) for r in reqs]), num_emitted=num_emitted,
+            other_context=other)
         self.prev_total = int(ks.sum())
         return ks.tolist()
 
