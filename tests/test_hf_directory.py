@@ -62,6 +62,32 @@ def test_scaled_rope_matches_transformers(tmp_path, rope):
         assert got[token] == pytest.approx(logprob, abs=1e-3)
 
 
+@pytest.mark.parametrize("original", [128, None])
+def test_a_yarn_rope_extends_the_context_as_transformers_computes_it(tmp_path, original):
+    """Qwen2.5's long-context edit: max_position_embeddings stays the original length and yarn's
+    factor extends it. The context is original x factor (vLLM's reading), and logits past the
+    original length are transformers' (without an original length in the config, transformers
+    takes max_position_embeddings for it)."""
+    from transformers import AutoModelForCausalLM
+
+    yarn = {"rope_type": "yarn", "factor": 4.0} | (
+        {"original_max_position_embeddings": original} if original else {})
+    path = make_tiny_model(tmp_path / "yarn", seed=4, max_position_embeddings=128,
+                           rope_scaling=yarn)
+    llm = LLM(str(path), dtype="float32", kv_cache_memory=8 << 20)
+    assert llm.engine.max_model_len == 512
+    prompt = [(7 * i) % 60 + 2 for i in range(300)]
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1, logprobs=3,
+                                                ignore_eos=True))[0].outputs[0]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1].float(), -1)
+    top = ref.topk(3)
+    assert out.token_ids[0] == top.indices[0].item()
+    for token, logprob in zip(top.indices.tolist(), top.values.tolist(), strict=True):
+        assert out.logprobs[0][token] == pytest.approx(logprob, abs=1e-3)
+
+
 def test_checkpoints_whose_outputs_would_be_wrong_are_refused(tmp_path):
     """A tensor with no place in the model (o_proj's bias, which transformers' Llama has with
     attention_bias), a pre-quantized checkpoint, a rope whose frequencies change with the

@@ -296,11 +296,17 @@ def _rope_parameters(path: Path) -> dict:
     return params
 
 
-def _context_length(path: Path, hf: dict, model_type: str) -> int:
+def _context_length(path: Path, hf: dict, model_type: str, rope: dict) -> int:
     """max_position_embeddings, or the sliding window when the model uses one: attention here
     is over the whole context, which equals the window's only up to its length (vLLM did the
-    same before it had sliding-window kernels)."""
+    same before it had sliding-window kernels). A yarn rope extends the context to its original
+    length times its factor, as vLLM reads it (Qwen2.5's 128k: 32,768 x 4); `rope` is given the
+    original length it is computed from when the config leaves it out (transformers then takes
+    max_position_embeddings)."""
     length = hf.get("max_position_embeddings", 4096)
+    if rope.get("rope_type") == "yarn":
+        original = rope.setdefault("original_max_position_embeddings", length)
+        length = max(length, int(original * float(rope.get("factor") or 1.0)))
     window = hf.get("sliding_window")
     # Qwen windows only its layers from max_window_layers on: maybe none of them.
     uses_window = model_type == "mistral" or (
@@ -346,7 +352,7 @@ def load_hf_dir(path: Path, shared_embedding: torch.Tensor | None = None) -> Loa
         num_heads=heads,
         num_kv_heads=hf.get("num_key_value_heads", heads),
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
-        max_position=_context_length(path, hf, model_type),
+        max_position=_context_length(path, hf, model_type, rope),
         rope_theta=float(rope.pop("rope_theta", 10000.0)),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
