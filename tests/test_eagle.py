@@ -145,7 +145,7 @@ def test_eagle_is_lossless_in_a_mixed_batch(trained):
     assert spec.get_stats()["num_draft_tokens"] > drafted
 
 
-def test_under_off_the_target_computes_no_features_for_the_head(trained):
+def test_under_off_the_target_computes_no_features_for_the_head(trained, monkeypatch):
     """Under the engine's `off` the forwards return no layer streams and the head is handed
     nothing: a step costs what it costs without a head. A request's own `static` still drafts
     (with its features), losslessly."""
@@ -170,6 +170,16 @@ def test_under_off_the_target_computes_no_features_for_the_head(trained):
     outs = spec.generate(prompts, static)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
     assert any(widths) and handed and spec.get_stats()["num_draft_tokens"] > 0
+    # A first switch to adaptive after steps under `off` profiles the forward that drafts
+    # will run: with the layer streams.
+    from specserve.engine import llm_engine
+
+    spec.generate(prompts[:1], params[:1])  # off: the streams are off after it
+    profiled, profile = [], llm_engine.profile_forward
+    monkeypatch.setattr(llm_engine, "profile_forward", lambda runner, *a, **k: profiled.append(
+        (runner is engine.runner, runner.aux_layers)) or profile(runner, *a, **k))
+    engine.set_speculation_policy("adaptive")
+    assert (True, head.aux_layers) in profiled and head.aux_layers
 
 
 def test_eagle_runs_in_bf16_with_packed_weights(trained):

@@ -228,6 +228,8 @@ class LLMEngine:
                 raise ValueError("switching to the adaptive policy the first time profiles the "
                                  "model: finish or abort running requests first")
             t0 = time.perf_counter()
+            if self.proposer.needs_hidden:  # (steps under `off` left the layer streams off)
+                self.runner.aux_layers = self.proposer.aux_layers
             target_cost = profile_forward(self.runner)
             draft_runner = getattr(self.proposer, "runner", None)
             draft_cost = profile_forward(draft_runner) if draft_runner is not None else None

@@ -24,7 +24,8 @@ import torch
 
 from specserve.config import ModelConfig
 
-CONVERTER_VERSION = 2  # 2: a scaled rope and tensors without a place are refused
+# 2: a scaled rope and tensors without a place are refused; 3: eot / eom ids stop too
+CONVERTER_VERSION = 3
 _RAW = "raw::"  # key prefix of the raw quantized rows (uint8) in the safetensors file
 
 

@@ -12,6 +12,7 @@ import importlib.util
 import json
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,10 +109,14 @@ def _gguf_tokenizer(path: str):
         return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
     tok = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                         local_files_only=True)
+    # Saved beside, then renamed: a concurrent reader (another worker) sees all of it or none.
+    tmp = cached.with_name(f"{cached.name}.tmp{os.getpid()}")
     try:
-        tok.save_pretrained(str(cached))
+        tok.save_pretrained(str(tmp))
+        os.replace(tmp, cached)
     except OSError:
-        pass  # a read-only home only costs us the speed-up
+        shutil.rmtree(tmp, ignore_errors=True)  # a read-only home (or a copy that won the
+        # race) only costs us the speed-up
     return tok
 
 
@@ -308,10 +313,12 @@ def _context_length(path: Path, hf: dict, model_type: str, rope: dict) -> int:
         original = rope.setdefault("original_max_position_embeddings", length)
         length = max(length, int(original * float(rope.get("factor") or 1.0)))
     window = hf.get("sliding_window")
-    # Qwen windows only its layers from max_window_layers on: maybe none of them.
-    uses_window = model_type == "mistral" or (
-        bool(hf.get("use_sliding_window"))
-        and hf.get("max_window_layers", 0) < hf["num_hidden_layers"])
+    # Qwen windows only its layers from max_window_layers (transformers' default 28) on, or
+    # those its layer_types name: maybe none of them.
+    layer_types = hf.get("layer_types")
+    windowed = any(t == "sliding_attention" for t in layer_types) if layer_types \
+        else hf.get("max_window_layers", 28) < hf["num_hidden_layers"]
+    uses_window = model_type == "mistral" or (bool(hf.get("use_sliding_window")) and windowed)
     if uses_window and window and window < length:
         logger.warning("%s: sliding-window attention is not supported; the context is capped "
                        "at the window, %d tokens (of %d)", path, window, length)

@@ -117,10 +117,13 @@ class Fp8Linear(nn.Module):
             )
         else:
             cdt = torch.bfloat16 if x.device.type == "cpu" else dtype  # fp32 CPU -> bf16 speed
-            # Scaled before the product: codes up to 448 times fp16 activations overflow
-            # fp16's 65504 long before the true outputs do.
-            w = _fp8_to_bf16(self.weight).to(cdt) * self.scales.to(cdt)[:, None]
-            y = F.linear(x2.to(cdt), w)
+            w = _fp8_to_bf16(self.weight).to(cdt)
+            if cdt == torch.float16:
+                # Scaled before the product: codes up to 448 times fp16 activations overflow
+                # fp16's 65504 long before the true outputs do.
+                y = F.linear(x2.to(cdt), w * self.scales.to(cdt)[:, None])
+            else:
+                y = F.linear(x2.to(cdt), w) * self.scales.to(cdt)
         y = y.to(dtype)
         if self.bias is not None:
             y = y + self.bias.to(dtype)

@@ -94,10 +94,12 @@ class Int8Linear(nn.Module):
         ):
             # fp32 goes through bf16: the fp32 kernel is ~20-50x slower (see module docstring)
             y = torch.ops.aten._weight_int8pack_mm(x2.to(SCALE_DTYPE), self.weight, self.scales)
-        else:
+        elif dtype == torch.float16:
             # Scaled before the product: the integers (up to 127) times fp16 activations
             # overflow fp16's 65504 long before the true outputs do.
             y = F.linear(x2, self.weight.to(dtype) * self.scales.to(dtype)[:, None])
+        else:  # (no copy of the weight scaled at each call)
+            y = F.linear(x2, self.weight.to(dtype)) * self.scales.to(dtype)
         y = y.to(dtype)
         if self.bias is not None:
             y = y + self.bias.to(dtype)

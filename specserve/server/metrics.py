@@ -73,7 +73,8 @@ _GAUGES = (
     ("vllm:num_requests_waiting", "num_waiting", "Requests waiting to be scheduled."),
     ("vllm:kv_cache_usage_perc", "kv_cache_usage", "Fraction of KV-cache blocks in use (0-1)."),
     # vLLM has no equivalent: the adaptive controller's mean speculation length.
-    ("specserve:spec_decode_k_mean", "spec_k_mean", "Mean number of speculative tokens chosen."),
+    ("specserve:spec_decode_k_mean", "spec_k_mean",
+     "Mean number of speculative tokens drafted per request per step."),
 )
 
 
@@ -143,10 +144,11 @@ def _accepted_per_position(counts: list[int], labels: dict[str, str]) -> Metric:
 
 
 def _chosen_k(histogram: dict[int, int], k_max: int, labels: dict[str, str]) -> Metric:
-    """The speculation length the policy chose per (request, step), 0 = no drafts, as a
-    histogram with one bucket per K in 0..k_max (counts since the policy was set)."""
+    """The speculation length per (request, step) under the policy's choice, what was drafted
+    (a static K where n-gram found no match is 0), as a histogram with one bucket per K in
+    0..k_max (counts since the policy was set)."""
     family = HistogramMetricFamily("specserve:spec_decode_chosen_k",
-                                   "Speculative tokens chosen per request per step.",
+                                   "Speculative tokens drafted per request per step.",
                                    labels=list(labels))
     counts = itertools.accumulate(histogram.get(k, 0) for k in range(k_max + 1))
     buckets = [(floatToGoString(k), c) for k, c in enumerate(counts)]
