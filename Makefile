@@ -29,10 +29,11 @@ demo: setup
 	$(BIN)/specserve bench offline --concurrency 1,8,32 --input-len 128 --output-len 64
 
 # Two workers of one thread each: much of the suite is Python and waits (servers starting,
-# streams), which one process with two threads leaves a core idle for.
+# streams), which one process with two threads leaves a core idle for. A test file runs whole
+# on one worker (--dist loadfile): its module fixtures (servers, a trained head) are built once.
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: setup
 	$(BIN)/ruff check specserve tests
