@@ -3,6 +3,7 @@ hand with a fake engine update: no model is loaded."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -239,9 +240,10 @@ def test_under_priority_a_shared_prefix_wait_lets_only_its_own_priority_pass():
     assert admitted["b"] <= admitted["d"] and b.num_cached_tokens == len(shared)
 
 
-def test_under_priority_a_request_does_not_wait_for_a_less_urgent_sharer():
-    """The less urgent sharer may get no budget for as long as urgent requests fill it: the
-    urgent request that shares its prefix prefills the prefix itself."""
+def test_under_priority_a_less_urgent_sharer_is_waited_for_only_while_it_runs():
+    """The less urgent sharer may get no budget for as long as urgent requests fill it: an
+    urgent request that shares its prefix waits for it only in a step where it is scheduled,
+    and otherwise prefills the prefix itself."""
     sched, _ = make_sched(num_blocks=1024, budget=128, chunk=64, policy="priority")
     shared = toks(9, 2 * MIN_SHARED_TOKENS_TO_WAIT)
     slow = make_req("slow", shared + toks(1, 3), priority=5)
@@ -249,7 +251,10 @@ def test_under_priority_a_request_does_not_wait_for_a_less_urgent_sharer():
     assert scheduled_ids(step(sched)) == [("slow", 64)]
     urgent = make_req("urgent", shared + toks(2, 3))
     add(sched, urgent)
-    assert ("urgent", 64) in scheduled_ids(step(sched)) and not sched.waiting
+    assert scheduled_ids(step(sched)) == [("slow", 64)] and list(sched.waiting) == [urgent]
+    unscheduled = {h: slow.priority for h in sched._uncomputed_prompt_blocks(slow)}
+    assert not sched._waits_for_inflight(urgent, unscheduled)
+    assert sched._waits_for_inflight(urgent, dict.fromkeys(unscheduled, -math.inf))
 
 
 def test_a_wait_ends_when_the_request_it_waits_for_is_aborted():
@@ -325,7 +330,7 @@ def test_a_prefix_already_cached_is_not_waited_for_while_another_request_compute
     r.status = RequestStatus.RUNNING
     sched.running.append(r)
     d = make_req("d", shared + toks(3, 3))
-    assert not sched._waits_for_inflight(d, sched._inflight_prompt_blocks())
+    assert not sched._waits_for_inflight(d, sched._inflight_prompt_blocks(set()))
 
 
 # ---- preemption --------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ shares (cached and in flight) is MIN_SHARED_TOKENS_TO_WAIT tokens or longer.
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -137,8 +138,8 @@ class Scheduler:
         if out.preempted:
             return out  # the pool is full: admit nothing new this step
         # Without prefix caching nothing is shared, so nothing is waited for.
-        inflight = (self._inflight_prompt_blocks() if self.waiting and bm.enable_prefix_caching
-                    else None)
+        inflight = (self._inflight_prompt_blocks({r.request_id for r, _ in out.scheduled})
+                    if self.waiting and bm.enable_prefix_caching else None)
         deferred: list[Request] = []
         try:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
@@ -180,7 +181,7 @@ class Scheduler:
                 out.scheduled.append((req, num_new))
                 budget -= num_new
                 if inflight is not None:
-                    self._add_inflight(inflight, req)
+                    self._add_inflight(inflight, req, scheduled=True)
         finally:
             self.waiting.extendleft(reversed(deferred))  # they keep their place in the queue
         return out
@@ -205,28 +206,30 @@ class Scheduler:
         hashes = self.block_manager.prompt_block_hashes(req)
         return hashes[req.num_computed_tokens // self.block_manager.block_size:]
 
-    def _inflight_prompt_blocks(self) -> dict[int, int]:
+    def _inflight_prompt_blocks(self, scheduled: set[str]) -> dict[int, float]:
         """Prompt blocks that running requests are still prefilling (this step included), and
-        the most urgent priority among the requests prefilling each."""
-        inflight: dict[int, int] = {}
+        the most urgent priority among the requests prefilling each (-inf: one scheduled in
+        this step)."""
+        inflight: dict[int, float] = {}
         for r in self.running:
-            self._add_inflight(inflight, r)
+            self._add_inflight(inflight, r, r.request_id in scheduled)
         return inflight
 
-    def _add_inflight(self, inflight: dict[int, int], req: Request) -> None:
+    def _add_inflight(self, inflight: dict[int, float], req: Request, scheduled: bool) -> None:
+        urgency = -math.inf if scheduled else req.priority
         for h in self._uncomputed_prompt_blocks(req):
-            inflight[h] = min(req.priority, inflight.get(h, req.priority))
+            inflight[h] = min(urgency, inflight.get(h, urgency))
 
-    def _waits_for_inflight(self, req: Request, inflight: dict[int, int]) -> bool:
+    def _waits_for_inflight(self, req: Request, inflight: dict[int, float]) -> bool:
         """Whether a running request is still prefilling blocks that follow req's cached prefix,
         and what req shares (cached and in flight) is long enough to wait for. The whole of it
         counts, not just what is left in flight: a request that shares a long prefix waits for
         the rest of it, usually one more step, rather than computing the sharer's last chunk
         again. Hashes only, no token comparison (find_cached_prefix does that on admission),
         so that a long queue is cheap to pass over; chained hashes make a match a whole-prefix
-        match, and a collision costs a wait, never wrong KV. Under the priority policy only a
-        sharer at least as urgent is waited for: a less urgent one may get no budget for as long
-        as more urgent requests fill it, and req would wait with it."""
+        match, and a collision costs a wait, never wrong KV. Under the priority policy a less
+        urgent sharer is waited for only while it is scheduled in this step: it may get no
+        budget for as long as more urgent requests fill it, and req would wait with it."""
         if req.max_cached_prefix < req.num_prompt_tokens - 1:
             return False  # it may not read the prefix (prompt logprobs): nothing to wait for
         cached = self.block_manager.cached
