@@ -411,20 +411,28 @@ def test_a_beam_search_keeps_its_adapter_when_it_is_unloaded(server, tiny):
 
     from test_server import wait_until
 
-    assert httpx.post(f"{server.url}/v1/load_lora_adapter", timeout=60, json={
-        "lora_name": "e", "lora_path": tiny["a"].lora_path}).status_code == 200
     done = "vllm:request_success_total{finished_reason=length}"
-    body = {"model": "e", "prompt": PROMPTS[0], "max_tokens": 64, "ignore_eos": True, "n": 2,
+    # Long (240 steps of 8 beams, ~1 s here) so that the unload lands midway; tried again
+    # where a loaded machine ran the whole search first.
+    body = {"model": "e", "prompt": PROMPTS[0], "max_tokens": 240, "ignore_eos": True, "n": 8,
             "use_beam_search": True}
     with ThreadPoolExecutor(1) as pool:
-        before = server.metrics().get(done, 0)
-        search = pool.submit(httpx.post, f"{server.url}/v1/completions", json=body, timeout=60)
-        assert wait_until(lambda: server.metrics().get(done, 0) > before)  # a step has run
-        unload = httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "e"})
-        assert unload.status_code == 200 and not search.done()
-        reply = search.result()
+        for _ in range(3):
+            assert httpx.post(f"{server.url}/v1/load_lora_adapter", timeout=60, json={
+                "lora_name": "e", "lora_path": tiny["a"].lora_path}).status_code == 200
+            before = server.metrics().get(done, 0)
+            search = pool.submit(httpx.post, f"{server.url}/v1/completions", json=body,
+                                 timeout=60)
+            assert wait_until(lambda b=before: server.metrics().get(done, 0) > b)  # a step ran
+            unload = httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": "e"})
+            assert unload.status_code == 200
+            midway = not search.done()
+            reply = search.result()
+            if midway:
+                break
+        assert midway
     assert reply.status_code == 200, reply.text
-    assert [c["finish_reason"] for c in reply.json()["choices"]] == ["length", "length"]
+    assert [c["finish_reason"] for c in reply.json()["choices"]] == ["length"] * 8
     assert httpx.post(f"{server.url}/v1/completions", json=body).status_code == 404
 
 
