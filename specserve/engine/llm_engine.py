@@ -451,11 +451,12 @@ class LLMEngine:
                 if stop > first:
                     scoring.append((req, inputs.query_start[i] + first - req.num_computed_tokens,
                                     stop - first))
+        featured: list[bool] = []  # per scheduled request: does an EAGLE head read its rows
         if self.proposer is not None and self.proposer.needs_hidden:
             # The layer streams an EAGLE head reads, only in a step with a request it may
             # draft for: under `off` a step costs what it costs without a head.
-            self.runner.aux_layers = self.proposer.aux_layers if any(
-                self.planner.may_draft(r, self.spec_policy) for r, _ in sched.scheduled) else ()
+            featured = [self.planner.may_draft(r, self.spec_policy) for r, _ in sched.scheduled]
+            self.runner.aux_layers = self.proposer.aux_layers if any(featured) else ()
         t1 = time.perf_counter()
         hidden, logits = self.runner.execute(inputs,
                                              torch.tensor(logits_indices, dtype=torch.long),
@@ -536,9 +537,9 @@ class LLMEngine:
             self._jump_forward()
         if self.proposer is not None:
             t_spec = time.perf_counter()
-            if self.proposer.needs_hidden:
-                self._hand_over_hidden(sched.scheduled, computed_before, inputs.query_start,
-                                       hidden)
+            if any(featured):
+                self._hand_over_hidden(sched.scheduled, featured, computed_before,
+                                       inputs.query_start, hidden)
             runs = [(c, n) for c, (_, n) in zip(computed_before, sched.scheduled, strict=True)]
             self.spec_policy.observe_step(num_tokens, t_forward,
                                           self.proposer.last_forwards,
@@ -567,16 +568,15 @@ class LLMEngine:
                 record_prompt_logprobs(req, model.compute_logits(hidden[start:end, :h]),
                                        self._token_text)
 
-    def _hand_over_hidden(self, scheduled, computed_before: list[int], query_start: list[int],
-                          hidden: torch.Tensor) -> None:
+    def _hand_over_hidden(self, scheduled, featured: list[bool], computed_before: list[int],
+                          query_start: list[int], hidden: torch.Tensor) -> None:
         """Give an EAGLE proposer the target's features of every position that stayed valid
         (rejected draft positions were rolled back already), for the requests it may draft
-        for."""
+        for (featured)."""
         rows = [(req, before, start, req.num_computed_tokens - before)
-                for (req, _), before, start in zip(scheduled, computed_before, query_start,
-                                                   strict=True)
-                if not req.is_finished and req.num_computed_tokens > before
-                and self.planner.may_draft(req, self.spec_policy)]
+                for (req, _), wanted, before, start in zip(scheduled, featured, computed_before,
+                                                           query_start, strict=True)
+                if wanted and not req.is_finished and req.num_computed_tokens > before]
         if rows:
             self.proposer.on_target_hidden(hidden, rows)
 

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specserve.quant.int8 import scaled_linear
+
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 
@@ -117,13 +119,8 @@ class Fp8Linear(nn.Module):
             )
         else:
             cdt = torch.bfloat16 if x.device.type == "cpu" else dtype  # fp32 CPU -> bf16 speed
-            w = _fp8_to_bf16(self.weight).to(cdt)
-            if cdt == torch.float16:
-                # Scaled before the product: codes up to 448 times fp16 activations overflow
-                # fp16's 65504 long before the true outputs do.
-                y = F.linear(x2.to(cdt), w * self.scales.to(cdt)[:, None])
-            else:
-                y = F.linear(x2.to(cdt), w) * self.scales.to(cdt)
+            y = scaled_linear(x2.to(cdt), _fp8_to_bf16(self.weight).to(cdt),
+                              self.scales.to(cdt))
         y = y.to(dtype)
         if self.bias is not None:
             y = y + self.bias.to(dtype)

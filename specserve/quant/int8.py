@@ -44,6 +44,16 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return q.float() * scales.float()[:, None]
 
 
+def scaled_linear(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x @ (weight * scales[:, None]).T for integer or fp8 codes widened to x's dtype and
+    per-row scales. In fp16 the scales go on the weight first: codes of up to 127 (int8) or
+    448 (fp8) times fp16 activations overflow fp16's 65504 long before the true outputs do.
+    Elsewhere they follow the product (no scaled copy of the weight at each call)."""
+    if x.dtype == torch.float16:
+        return F.linear(x, weight * scales[:, None])
+    return F.linear(x, weight) * scales
+
+
 @cache
 def _has_kernel(op: str, device_type: str) -> bool:
     """Whether aten `op` has a kernel for `device_type` (CUDA int8pack is build-dependent)."""
@@ -94,12 +104,8 @@ class Int8Linear(nn.Module):
         ):
             # fp32 goes through bf16: the fp32 kernel is ~20-50x slower (see module docstring)
             y = torch.ops.aten._weight_int8pack_mm(x2.to(SCALE_DTYPE), self.weight, self.scales)
-        elif dtype == torch.float16:
-            # Scaled before the product: the integers (up to 127) times fp16 activations
-            # overflow fp16's 65504 long before the true outputs do.
-            y = F.linear(x2, self.weight.to(dtype) * self.scales.to(dtype)[:, None])
-        else:  # (no copy of the weight scaled at each call)
-            y = F.linear(x2, self.weight.to(dtype)) * self.scales.to(dtype)
+        else:
+            y = scaled_linear(x2, self.weight.to(dtype), self.scales.to(dtype))
         y = y.to(dtype)
         if self.bias is not None:
             y = y + self.bias.to(dtype)
