@@ -77,12 +77,7 @@ class LLM:
             raise ValueError("priority: one integer per prompt") from None
         if len(priority) != len(prompts):
             raise ValueError("need one priority per prompt")
-        loras = (list(lora_request) if isinstance(lora_request, (list, tuple))
-                 else [lora_request] * len(prompts))
-        if len(loras) != len(prompts):
-            raise ValueError("need one lora_request per prompt, or a single one")
-        if bad := [x for x in loras if x is not None and not isinstance(x, LoRARequest)]:
-            raise ValueError(f"lora_request must be a LoRARequest, not {bad[0]!r}")
+        loras = _per_prompt_loras(lora_request, len(prompts))
         params = [_salted(p, sp) for p, sp in zip(prompts, params, strict=True)]
         prompts = [_prompt_input(p) for p in prompts]
         for sp in params:  # refuse bad input before anything is queued
@@ -102,13 +97,15 @@ class LLM:
         return [_merge_choices([next(outs) for _ in g]) for g in groups]
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
-                    *, lora_request: LoRARequest | None = None) -> list[BeamSearchOutput]:
+                    *, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None
+                    ) -> list[BeamSearchOutput]:
         """vLLM's LLM.beam_search: each prompt's params.beam_width best sequences, best first
         (specserve/beam_search.py). The beams of all prompts are scored together, one step at a
-        time; a prompt and its max_tokens must fit the context."""
+        time; a prompt and its max_tokens must fit the context. lora_request as generate's."""
         params.validate()
         if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
+        loras = _per_prompt_loras(lora_request, len(prompts))
         tokenizer = self.engine.tokenizer
         searches, salts = [], []
         for p in prompts:
@@ -126,7 +123,7 @@ class LLM:
                 for i in live:
                     step = replace(searches[i].step_params(), cache_salt=salts[i])
                     request_ids += [self.engine.add_request(ids, step,
-                                                            lora_request=lora_request).request_id
+                                                            lora_request=loras[i]).request_id
                                     for ids in searches[i].pending()]
             except BaseException:
                 for rid in request_ids:
@@ -242,3 +239,15 @@ def _merge_choices(outs: list[RequestOutput]) -> RequestOutput:
     choices = [replace(o.outputs[0], index=j) for j, o in enumerate(outs)]
     return replace(outs[0], outputs=choices, finished=True,
                    delta_text="", delta_token_ids=[])
+
+
+def _per_prompt_loras(lora_request: LoRARequest | Sequence[LoRARequest | None] | None,
+                      num_prompts: int) -> list[LoRARequest | None]:
+    """One adapter (or None) per prompt: a list gives each its own, a single one all."""
+    loras = (list(lora_request) if isinstance(lora_request, (list, tuple))
+             else [lora_request] * num_prompts)
+    if len(loras) != num_prompts:
+        raise ValueError("need one lora_request per prompt, or a single one")
+    if bad := [x for x in loras if x is not None and not isinstance(x, LoRARequest)]:
+        raise ValueError(f"lora_request must be a LoRARequest, not {bad[0]!r}")
+    return loras

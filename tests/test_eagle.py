@@ -259,6 +259,8 @@ def test_a_short_training_context_keeps_features_of_the_whole_context(tmp_path):
     assert full.start == 21 and short.start == 4 and full.features.shape == (30, 128)
     assert short.token_ids == sample.token_ids[17:] and short.num_positions == 8
     assert torch.equal(short.features, full.features[17:])
+    # Only the window's rows are kept: a view of them held the whole context's.
+    assert short.features.untyped_storage().nbytes() == short.features.nbytes
     stream = full.features[:, 64:]  # layer 1's part of each row: unit RMS
     assert torch.allclose(stream.pow(2).mean(-1), torch.ones(30), atol=1e-4)
 

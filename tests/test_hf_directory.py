@@ -88,6 +88,19 @@ def test_a_yarn_rope_extends_the_context_as_transformers_computes_it(tmp_path, o
         assert out.logprobs[0][token] == pytest.approx(logprob, abs=1e-3)
 
 
+def test_a_yarn_rope_is_refused_where_transformers_reads_it_otherwise(monkeypatch):
+    # transformers 4.x computes yarn's frequencies from the extended context: wrong ones.
+    import transformers
+
+    from specserve.layers.rotary import scaled_inv_freq
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    scaled_inv_freq(16, 256, 10000.0, yarn)  # the installed 5.x
+    monkeypatch.setattr(transformers, "__version__", "4.57.1")
+    with pytest.raises(ValueError, match="transformers >= 5"):
+        scaled_inv_freq(16, 256, 10000.0, yarn)
+
+
 def test_checkpoints_whose_outputs_would_be_wrong_are_refused(tmp_path):
     """A tensor with no place in the model (o_proj's bias, which transformers' Llama has with
     attention_bias), a pre-quantized checkpoint, a rope whose frequencies change with the

@@ -304,6 +304,41 @@ def test_adapters_that_do_not_fit_are_refused_by_name(tiny, tmp_path):
         LoRARequest("z", 0, "/nowhere")
 
 
+def test_a_beam_search_takes_an_adapter_per_prompt(tiny):
+    # As vLLM's LLM.beam_search (a list raised AttributeError).
+    from specserve.beam_search import BeamSearchParams
+
+    llm = engine(tiny)
+    params = BeamSearchParams(beam_width=2, max_tokens=6, ignore_eos=True)
+    both = llm.beam_search(PROMPTS[:2], params, lora_request=[tiny["a"], None])
+    alone = [llm.beam_search(PROMPTS[:1], params, lora_request=tiny["a"])[0],
+             llm.beam_search(PROMPTS[1:2], params)[0]]
+    assert [[s.tokens for s in o.sequences] for o in both] == \
+        [[s.tokens for s in o.sequences] for o in alone]
+    assert both[0].sequences[0].tokens != llm.beam_search(PROMPTS[:1], params)[0] \
+        .sequences[0].tokens
+    with pytest.raises(ValueError, match="one lora_request per prompt"):
+        llm.beam_search(PROMPTS[:2], params, lora_request=[tiny["a"]])
+
+
+def test_an_adapter_without_the_memory_for_it_is_refused(tiny, monkeypatch):
+    # An out-of-memory load was a 500 on the server (only ValueError is the client's).
+    import specserve.engine.llm_engine as llm_engine
+
+    llm = engine(tiny)
+    llm.generate(PROMPTS[:1], GREEDY, lora_request=tiny["a"])
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(llm_engine, "load_adapter", no_memory)
+    with pytest.raises(ValueError, match="not enough memory"):
+        llm.generate(PROMPTS[:1], GREEDY, lora_request=tiny["b"])
+    assert llm.engine.list_loras() == {1}
+    assert tokens(llm.generate(PROMPTS[:1], GREEDY, lora_request=tiny["a"])) == \
+        tiny["expected"]["a"][:1]
+
+
 # ---- the server ---------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(tiny) -> Iterator[LiveServer]:
@@ -382,6 +417,15 @@ def test_adapters_load_and_unload_at_run_time(server, tiny):
     assert ids == tiny["expected"]["a"][0] and body["model"] == "c"
     assert "c" in [m["id"] for m in httpx.get(f"{server.url}/v1/models").json()["data"]]
     assert load("c", tiny["b"].lora_path).status_code == 400  # the name is taken
+    # vLLM's load_inplace: the name now serves the other weights.
+    reload = httpx.post(f"{server.url}/v1/load_lora_adapter", timeout=60, json={
+        "lora_name": "c", "lora_path": tiny["b"].lora_path, "load_inplace": True})
+    assert reload.status_code == 200, reload.text
+    body = complete("c").json()
+    assert [int(t.split(":")[1]) for t in body["choices"][0]["logprobs"]["tokens"]] == \
+        tiny["expected"]["b"][0]
+    missing = load("m", str(tiny["root"] / "nowhere"))
+    assert missing.status_code == 404 and "No adapter found" in missing.json()["error"]["message"]
     assert load("base", tiny["b"].lora_path).status_code == 400
     bad = load("d", str(tiny["root"]))  # no adapter_config.json there
     assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"]

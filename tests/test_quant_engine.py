@@ -117,6 +117,19 @@ def test_kv_round_trip_error_is_bounded(dtype, bound):
     assert 1.9 < ratio < 2.0  # half the bytes, plus a 2-byte scale per 64 values
 
 
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+def test_an_fp16_model_reads_small_kv_rows_back(dtype):
+    # A row with amax 1e-5 has a scale fp16 cannot hold (it rounded to 0: the row read back
+    # as zeros); scaled in fp32, it reads back as close as a bf16 model's.
+    cache = LayerKVCache(8, 3, 64, dtype, torch.float16)
+    k = torch.randn(4, 3, 64) * 1e-5
+    slots = torch.arange(4)
+    cache.write(slots, k.half(), k.half())
+    k2, _ = cache.gather(slots)
+    assert k2.dtype == torch.float16
+    assert ((k2.float() - k).abs().amax(-1) / k.abs().amax(-1)).max() < 0.1
+
+
 @pytest.mark.skipif(not can_pack(torch.bfloat16), reason="oneDNN weight packing unavailable")
 def test_packed_linear_is_bit_identical():
     lin = torch.nn.Linear(96, 160, bias=True).to(torch.bfloat16)

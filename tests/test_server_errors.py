@@ -188,8 +188,17 @@ BAD_REQUESTS = [
     # Bounded lists: each stop string is searched after every token, the bias applied at every
     # step, for every choice.
     pytest.param(CMPL, completion(stop=["x"] * 65), JSON, 400, id="too-many-stop-strings"),
-    # Echoed in the message: UTF-8 cannot encode a lone surrogate (the handler raised: a 500).
-    pytest.param(CMPL, completion(model="\ud800"), JSON, 404, id="model-a-lone-surrogate"),
+    # A lone surrogate: no tokenizer takes it (a TypeError, a 500) and UTF-8 cannot echo it
+    # (the response failed after the whole generation, or cut a stream at its first event).
+    pytest.param(CMPL, completion(model="\ud800"), JSON, 400, id="model-a-lone-surrogate"),
+    pytest.param(CMPL, completion(prompt="a\udc00b"), JSON, 400, id="prompt-a-lone-surrogate"),
+    pytest.param(CHAT, chat(messages=[{"role": "user", "content": "\ud83d"}]), JSON, 400,
+                 id="message-a-lone-surrogate"),
+    pytest.param("/v1/responses", {"model": NAME, "input": "Hi", "metadata": {"k": "\ud800"}},
+                 JSON, 400, id="responses-metadata-a-lone-surrogate"),
+    pytest.param("/v1/responses", {"model": NAME, "input": "Hi", "stream": True,
+                                   "user": "\udfff"}, JSON, 400,
+                 id="responses-streamed-user-a-lone-surrogate"),
     pytest.param(CMPL, completion(logit_bias={"\ud800": "x"}), JSON, 400,
                  id="logit-bias-key-a-lone-surrogate"),
     pytest.param(CMPL, completion(stop="x" * 1025), JSON, 400, id="stop-string-too-long"),
@@ -252,6 +261,15 @@ def test_null_fields_read_as_not_set(server: LiveServer):
     assert '"usage":{' not in streamed.text  # include_usage: null is false
     assert_openai_error(httpx.post(f"{server.url}{CHAT}", json=chat(messages=None),
                                    headers=AUTH, timeout=60), 400)  # required stays required
+
+
+def test_an_emoji_sent_as_a_surrogate_pair_is_served(server: LiveServer):
+    # json.dumps' ensure_ascii writes U+1F600 as the escaped pair \ud83d\ude00.
+    body = json.dumps(chat(messages=[{"role": "user", "content": "Hi \U0001F600"}]))
+    assert "\\ud83d\\ude00" in body
+    reply = httpx.post(f"{server.url}{CHAT}", content=body.encode(), timeout=60,
+                       headers={**AUTH, "Content-Type": JSON})
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
 
 
 def test_routing_errors_have_openai_shape(server: LiveServer):

@@ -231,6 +231,29 @@ def test_a_named_call_after_reasoning_streams_as_one_reasoning_item_then_the_cal
     assert json.loads(final[1]["arguments"]) == {"city": "Paris"}
 
 
+def test_a_named_call_cut_short_while_reasoning_makes_no_call():
+    # An agent runs every function_call item: one the model never began (arguments "") used
+    # to be invented at the end, and the cut reasoning marked completed.
+    from specserve.server.reasoning import ReasoningReader
+    from specserve.server.replies import ReplyReader
+    from specserve.server.tool_calls import NamedCall
+
+    req = ResponsesRequest.model_validate({"input": "x", "tools": TOOLS, "tool_choice": {
+        "type": "function", "name": "get_weather"}})
+    reader = ReplyReader(ReasoningReader(), NamedCall("get_weather"))
+    events = ResponseEvents("resp_c", MODEL, req, cache_block=None, count_tokens=len)
+    out = events.start()
+    steps = ["<think>Let me", " think"]
+    for i, step in enumerate(steps):
+        out += events.feed(*reader.feed(step, i == len(steps) - 1))
+    out += events.finish(RequestOutput("r", None, [1], [CompletionOutput(
+        0, "", [5] * 2, finish_reason="length")], True))
+    final = out[-1]["response"]
+    assert [(i["type"], i["status"]) for i in final["output"]] == [("reasoning", "incomplete")]
+    assert final["status"] == "incomplete"
+    assert NamedCall("f").read("") == (None, [])
+
+
 def test_an_assistants_text_and_calls_are_one_turn():
     req = ResponsesRequest.model_validate({"input": [
         {"role": "user", "content": "Weather?"},

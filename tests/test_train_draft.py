@@ -349,6 +349,39 @@ def test_data_holds_out_whole_prompts_and_samples_extra_replies(tmp_path):
     assert (dup.train, dup.held_out) == (data.train, data.held_out)
 
 
+def test_prompts_the_engine_cannot_serve_are_left_out_not_fatal(tmp_path, caplog):
+    # One empty or over-long prompt failed the whole batch (maybe after all training replies).
+    llm = LLM(str(_target(tmp_path / "target")), dtype="float32", kv_cache_memory=16 << 20,
+              max_model_len=64)
+    items = _items(12, seed=4)
+    bad = [PromptItem(kind="a", token_ids=[5] * 80), PromptItem(kind="b", token_ids=[])]
+    with caplog.at_level("WARNING", logger="specserve"):
+        data = build_data(llm, items + bad, DataConfig(max_reply_tokens=8), seed=0)
+    assert "left out 2 prompts" in caplog.text
+    assert all(0 < s.prompt_len < 64 for s in data.train + data.held_out)
+    assert (data.train, data.held_out) == (lambda d: (d.train, d.held_out))(
+        build_data(llm, items, DataConfig(max_reply_tokens=8), seed=0))
+
+
+def test_what_cannot_work_fails_before_the_target_loads(tmp_path, monkeypatch):
+    from specserve.train import pipeline
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the target was loaded")
+
+    monkeypatch.setattr("specserve.llm.LLM", no_engine)
+    target = str(_target(tmp_path / "target"))
+    alone = [PromptItem(kind=str(i), token_ids=[i + 2, 7, 9]) for i in range(6)]
+    with pytest.raises(ValueError, match="every kind has one prompt"):
+        pipeline.train_draft(target, alone, tmp_path / "out", DistillConfig(num_layers=1))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="not a writable directory"):
+        pipeline.train_draft(target, _items(8, 0), tmp_path / "file" / "out",
+                             DistillConfig(num_layers=1))
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        DistillConfig(lr=-1e-3)
+
+
 def test_cli(tmp_path, capsys):
     from specserve.train.cli import add_train_parser
 

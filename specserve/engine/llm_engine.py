@@ -359,8 +359,17 @@ class LLMEngine:
                 raise ValueError(f"lora_int_id {lora_request.lora_int_id} is already "
                                  f"{known.request.lora_path!r}, not {lora_request.lora_path!r}")
             return known
-        adapter = load_adapter(lora_request, self.model_config, self.config.max_lora_rank,
-                               self.dtype, self.device)
+        try:
+            adapter = load_adapter(lora_request, self.model_config, self.config.max_lora_rank,
+                                   self.dtype, self.device)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            # The client's request that does not fit: a 400 on the server, as in vLLM, and
+            # the engine goes on with what it holds.
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise ValueError(f"LoRA adapter {lora_request.lora_name!r}: not enough memory to "
+                             f"load it ({type(exc).__name__}); unload an adapter or lower "
+                             "max_lora_rank") from None
         self.loras[lora_request.lora_int_id] = adapter
         logger.info("LoRA adapter %r (id %d, rank %d, %.1f MiB) from %s", lora_request.lora_name,
                     lora_request.lora_int_id, adapter.rank, adapter.nbytes / 2**20,

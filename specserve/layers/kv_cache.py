@@ -84,5 +84,8 @@ class LayerKVCache:
             return k.to(self.compute_dtype), v.to(self.compute_dtype)
         k, v = k.view(self.dtype), v.view(self.dtype)
         ks, vs = self.k_scale.index_select(0, slots), self.v_scale.index_select(0, slots)
-        return ((k.to(self.compute_dtype) * ks.to(self.compute_dtype)),
-                (v.to(self.compute_dtype) * vs.to(self.compute_dtype)))
+        # fp16 cannot hold a small row's bf16 scale (below ~6e-5 it is subnormal, then 0):
+        # scale in fp32 there. bf16 and fp32 round the product alike either way.
+        work = torch.float32 if self.compute_dtype == torch.float16 else self.compute_dtype
+        return ((k.to(work) * ks.to(work)).to(self.compute_dtype),
+                (v.to(work) * vs.to(work)).to(self.compute_dtype))

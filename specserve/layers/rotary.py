@@ -52,6 +52,7 @@ def check_rope(params: dict, source: str) -> None:
 def scaled_inv_freq(head_dim: int, max_position: int, theta: float, params: dict
                     ) -> tuple[torch.Tensor, float]:
     """(inverse frequencies [head_dim / 2] in fp32, attention factor) of a scaled rope."""
+    import transformers
     from transformers import LlamaConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
@@ -59,6 +60,12 @@ def scaled_inv_freq(head_dim: int, max_position: int, theta: float, params: dict
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         raise ValueError(f"rotary embedding: {params} names no scaled rope")
+    if rope_type == "yarn" and int(transformers.__version__.split(".")[0]) < 5:
+        # Before 5, transformers took yarn's correction range from max_position_embeddings
+        # (here the extended context) or rescaled the factor by it (4.5x): other frequencies
+        # than the checkpoint's.
+        raise ValueError(f"a yarn rope needs transformers >= 5 (installed: "
+                         f"{transformers.__version__})")
     config = LlamaConfig(hidden_size=head_dim, num_attention_heads=1, head_dim=head_dim,
                          max_position_embeddings=max_position, rope_theta=theta,
                          rope_scaling=dict(params))  # read by transformers 4 and 5 alike

@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import gc
 import hmac
+import json
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -27,7 +29,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from specserve.engine.llm_engine import LLMEngine
 from specserve.lora.request import LoRARequest
 from specserve.server.async_engine import AsyncEngine
-from specserve.server.errors import APIError, error_response, install_error_handlers
+from specserve.server.errors import (
+    APIError,
+    error_response,
+    install_error_handlers,
+    lone_surrogate_at,
+)
 from specserve.server.metrics import CONTENT_TYPE, ServerMetrics
 from specserve.server.protocol import (
     ChatCompletionRequest,
@@ -63,8 +70,29 @@ async def _require_json(request: Request) -> None:
         raise APIError(415, f"Content-Type must be application/json, not {content_type!r}")
 
 
+# A JSON escape of a UTF-16 surrogate: a pair is an emoji (ensure_ascii clients send them so),
+# a lone one a string no tokenizer takes and no UTF-8 response can echo.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+async def _require_unicode(request: Request) -> None:
+    """400 for a body holding a lone surrogate (`"\\ud800"`): it reached the tokenizer as a
+    TypeError (a 500) or, in an echoed field, failed the response after the whole
+    generation. Only a body with such an escape is parsed a second time here."""
+    body = await request.body()
+    if not _SURROGATE_ESCAPE.search(body):
+        return
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return  # FastAPI's own parse reports it
+    if (where := lone_surrogate_at(data)) is not None:
+        raise APIError(400, f"{where} is not valid Unicode (it holds a lone surrogate)",
+                       param=where)
+
+
 router = APIRouter()
-_json_body = [Depends(_require_json)]
+_json_body = [Depends(_require_json), Depends(_require_unicode)]
 
 
 def _state(request: Request):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 from http import HTTPStatus
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -115,3 +116,32 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(HTTPException, _on_http_exception)
     app.add_exception_handler(Exception, _on_unexpected)
+
+
+def lone_surrogate_at(data: Any) -> str | None:
+    """The top-level field of a parsed JSON body that holds a string UTF-8 cannot carry (a
+    lone surrogate), in a key or a value at any depth; None if there is none."""
+    for name, value in data.items() if isinstance(data, dict) else [("body", data)]:
+        stack = [name, value]
+        while stack:
+            v = stack.pop()
+            if isinstance(v, str):
+                if not v.isascii() and not is_utf8(v):
+                    return str(name) if is_utf8(name) else "body"
+            elif isinstance(v, dict):
+                stack.extend(v.keys())
+                stack.extend(v.values())
+            elif isinstance(v, list):
+                stack.extend(x for x in v if isinstance(x, (str, dict, list)))
+    return None
+
+
+def is_utf8(text: Any) -> bool:
+    """Whether text is a string UTF-8 can carry (a lone surrogate it cannot)."""
+    if not isinstance(text, str):
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -817,6 +817,9 @@ class LoadLoRAAdapterRequest(OpenAIModel):
 
     lora_name: Annotated[StrictStr, Field(min_length=1)]
     lora_path: Annotated[StrictStr, Field(min_length=1)]
+    # vLLM's: reload a loaded name from its (new) path; requests already running keep the old
+    # weights.
+    load_inplace: StrictBool = False
 
 
 class UnloadLoRAAdapterRequest(OpenAIModel):

@@ -18,6 +18,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -380,10 +381,16 @@ class OpenAIServing:
     # ---- vLLM's runtime LoRA endpoints (api_server.lora_router) --------------------------------
     async def load_lora(self, req: LoadLoRAAdapterRequest) -> Response:
         name = req.lora_name
-        if name in self.loras or name in self._names or name in self._loading:
+        replaced = self.loras.get(name) if req.load_inplace else None
+        if (name in self.loras and replaced is None) or name in self._names \
+                or name in self._loading:
             raise APIError(400, f"The lora adapter '{name}' has already been loaded.",
                            param="lora_name")
-        # An id taken before the load is awaited: two loads at once get two ids.
+        if not Path(req.lora_path).expanduser().exists():
+            raise APIError(404, f"No adapter found at {req.lora_path!r}.", param="lora_path",
+                           code="model_not_found")
+        # An id taken before the load is awaited: two loads at once get two ids, and a reload
+        # a new one, so that requests running with the old weights keep them.
         self._lora_ids += 1
         lora = LoRARequest(name, self._lora_ids, req.lora_path)
         self._loading.add(name)  # a second load of the name meanwhile is refused
@@ -393,6 +400,8 @@ class OpenAIServing:
         finally:
             self._loading.discard(name)
         self.loras[name] = lora
+        if replaced is not None:
+            self._retire_lora(replaced)
         return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
 
     async def unload_lora(self, req: UnloadLoRAAdapterRequest) -> Response:
@@ -400,8 +409,7 @@ class OpenAIServing:
         if lora is None:
             raise APIError(404, f"The lora adapter '{req.lora_name}' cannot be found.",
                            param="lora_name", code="model_not_found")
-        if not self._searching[lora.lora_int_id]:  # else the last search with it removes it
-            self.engine.engine.remove_lora(lora.lora_int_id)  # running requests keep theirs
+        self._retire_lora(lora)
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed "
                                  "successfully.")
 
@@ -500,6 +508,11 @@ class OpenAIServing:
                 self._search_ended(lora.lora_int_id)
         return [out for i, s in enumerate(searches)
                 for out in s.as_outputs(self._tokenizer, f"{request_id}-{i}")]
+
+    def _retire_lora(self, lora: LoRARequest) -> None:
+        """Remove an adapter no name serves any more; running requests keep theirs."""
+        if not self._searching[lora.lora_int_id]:  # else the last search with it removes it
+            self.engine.engine.remove_lora(lora.lora_int_id)
 
     def _search_ended(self, lora_int_id: int) -> None:
         """The last search with an adapter unloaded meanwhile (no name serves its id any more:

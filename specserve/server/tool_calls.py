@@ -20,6 +20,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from specserve.server.errors import is_utf8
+
 
 def arguments_schema(parameters: dict[str, Any] | None) -> dict[str, Any]:
     """What a named call's reply is constrained to: the function's parameters."""
@@ -106,28 +108,17 @@ def dumps_as_written(value: Any) -> str:
     return text
 
 
-def _is_utf8(text: Any) -> bool:
-    """Whether text is a string UTF-8 can carry (a lone surrogate it cannot)."""
-    if not isinstance(text, str):
-        return False
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _as_call(call: Any, *keys: str) -> tuple[str, str] | None:
     """(name, arguments as JSON text) of a call object the model wrote, its arguments under
     the first of `keys` it has; None if it is not one. The arguments must be an object, or the
     JSON text of one (some models write them so): a client reads them with json.loads and
     sends them back as an object, so "Paris" or null passed through broke both."""
-    if not isinstance(call, dict) or not _is_utf8(name := call.get("name")):
+    if not isinstance(call, dict) or not is_utf8(name := call.get("name")):
         return None
     arguments = next((call[k] for k in keys if k in call), {})
     if isinstance(arguments, str):
         try:
-            is_object = _is_utf8(arguments) and isinstance(strict_loads(arguments), dict)
+            is_object = is_utf8(arguments) and isinstance(strict_loads(arguments), dict)
         except ValueError:
             is_object = False
         return (name, arguments) if is_object else None
@@ -192,7 +183,9 @@ class NamedCall(CallReader):
         return "", self._calls([(self.name, text)]) if text else []
 
     def finish(self) -> tuple[str, list[CallDelta]]:
-        return ("", self._calls([(self.name, "")])) if not self.num_calls else ("", [])
+        # No text, no call: the grammar's reply is never empty, so a reply cut short while
+        # it still reasoned made none (a call with no arguments would be run by an agent).
+        return "", []
 
 
 class RequiredCalls(CallReader):
@@ -303,7 +296,7 @@ class RequiredCalls(CallReader):
         if not self._sent:
             self._sent = True
             text, self._held = "".join(self._held) + text, []
-            parts = self._calls([(self._name, text)]) if _is_utf8(self._name) else []
+            parts = self._calls([(self._name, text)]) if is_utf8(self._name) else []
             self._dropped = not parts
             return parts
         return [CallDelta(self.num_calls - 1, text)] if text else []

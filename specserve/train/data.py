@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from specserve.sampling_params import SamplingParams
+
+logger = logging.getLogger("specserve")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +132,28 @@ def encode_prompt(engine, item: PromptItem) -> list[int]:
     return list(item.token_ids)
 
 
+def servable(llm, items: Sequence[PromptItem]) -> list[PromptItem]:
+    """items without the prompts the engine would refuse (empty, or no room for a reply in the
+    context), with a warning that counts them by kind: one such line would otherwise fail the
+    whole batch, after minutes of generation."""
+    limit = llm.engine.max_model_len
+    kept, dropped = [], Counter()
+    for item in items:
+        n = len(encode_prompt(llm.engine, item))
+        if 0 < n < limit:
+            kept.append(item)
+        else:
+            dropped[item.kind] += 1
+    if dropped:
+        logger.warning("left out %d prompts that are empty or fill the %d-token context: %s",
+                       sum(dropped.values()), limit,
+                       ", ".join(f"{n} {kind}" for kind, n in dropped.items()))
+    return kept
+
+
 def generate_samples(llm, items: Sequence[PromptItem], max_reply_tokens: int,
-                     replies: int = 1, temperature: float = 1.0, seed: int = 0) -> list[Sample]:
+                     replies: int = 1, temperature: float = 1.0, seed: int = 0,
+                     use_tqdm: bool = False) -> list[Sample]:
     """The target's greedy reply to every prompt, plus `replies - 1` sampled ones (seeded), in
     one batched `LLM.generate`. Empty replies are dropped."""
     if replies < 1:
@@ -142,7 +166,7 @@ def generate_samples(llm, items: Sequence[PromptItem], max_reply_tokens: int,
         jobs += [(item, prompt, SamplingParams(temperature=temperature, max_tokens=cap,
                                                seed=(seed * len(items) + n) * replies + r))
                  for r in range(1, replies)]
-    outs = llm.generate([p for _, p, _ in jobs], [sp for _, _, sp in jobs])
+    outs = llm.generate([p for _, p, _ in jobs], [sp for _, _, sp in jobs], use_tqdm=use_tqdm)
     samples = []
     for (item, prompt, _), out in zip(jobs, outs, strict=True):
         reply = list(out.outputs[0].token_ids)
@@ -165,7 +189,10 @@ def split_by_kind(entries: Sequence, held_out_fraction: float, seed: int) -> tup
         held += group[:n_held]
         train += group[n_held:]
     if not train or not held:
-        raise ValueError(f"{len(entries)} prompts are too few for a train / held-out split")
+        why = (" (every kind has one prompt: give two or more per kind)"
+               if entries and len(train) == len(entries) else "")
+        raise ValueError(f"{len(entries)} prompts are too few for a train / held-out split"
+                         f"{why}")
     return train, held
 
 
@@ -192,16 +219,28 @@ def unique_prompts(items: Sequence[PromptItem]) -> list[PromptItem]:
     return out
 
 
+def split_prompts(items: Sequence[PromptItem], cfg: DataConfig, seed: int
+                  ) -> tuple[list[PromptItem], list[PromptItem]]:
+    """(train, held-out) prompts, repeats removed, so that no held-out prompt is ever trained
+    on. Needs no engine: train-draft checks the split before it loads the target."""
+    unique = unique_prompts(items)
+    train, held = split_by_kind(unique, cfg.held_out_fraction, seed)
+    alone = sorted({it.kind for it in train} - {it.kind for it in held})
+    if alone:
+        logger.warning("kinds with a single prompt are trained on but not measured: %s",
+                       ", ".join(alone))
+    return train, held
+
+
 def build_data(llm, items: Sequence[PromptItem], cfg: DataConfig = DataConfig(),
-               seed: int = 0) -> DraftData:
-    """Split the prompts, repeats removed (so no held-out prompt is ever trained on), then
-    generate: train prompts get `cfg.replies_per_prompt` replies, held-out prompts their greedy
-    reply only."""
+               seed: int = 0, use_tqdm: bool = False) -> DraftData:
+    """Split the prompts the engine can serve (split_prompts), then generate: train prompts
+    get `cfg.replies_per_prompt` replies, held-out prompts their greedy reply only."""
     t0 = time.perf_counter()
-    train_items, held_items = split_by_kind(unique_prompts(items), cfg.held_out_fraction, seed)
+    train_items, held_items = split_prompts(servable(llm, items), cfg, seed)
     train = generate_samples(llm, train_items, cfg.max_reply_tokens, cfg.replies_per_prompt,
-                             cfg.reply_temperature, seed)
-    held = generate_samples(llm, held_items, cfg.max_reply_tokens)
+                             cfg.reply_temperature, seed, use_tqdm)
+    held = generate_samples(llm, held_items, cfg.max_reply_tokens, use_tqdm=use_tqdm)
     if not train or not held:
         raise ValueError("the target gave empty replies to every train or held-out prompt")
     keys = [prompt_key(p.messages, p.text, p.token_ids) for p in train_items]

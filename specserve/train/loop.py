@@ -58,6 +58,8 @@ class BudgetConfig:
             raise ValueError("minutes must be > 0")
         if self.head_vocab < 0:
             raise ValueError("head_vocab must be >= 0 (0: the full vocabulary)")
+        if not self.lr > 0:  # a negative one would fail in AdamW, after the data is made
+            raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.eval_every < 1 or self.batch_tokens < 1:
             raise ValueError("eval_every and batch_tokens must be >= 1")
         if not 0 <= self.final_lr_fraction <= 1:

@@ -17,7 +17,14 @@ from specserve.models.llama import LlamaModel, build_model
 from specserve.models.loader import load_model
 from specserve.spec_decode.eagle_head import check_feature_layers
 from specserve.spec_decode.eagle_io import save_eagle
-from specserve.train.data import DataConfig, DraftData, PromptItem, build_data
+from specserve.train.data import (
+    DataConfig,
+    DraftData,
+    PromptItem,
+    build_data,
+    split_by_kind,
+    unique_prompts,
+)
 from specserve.train.distill import DistillConfig, DistillResult, distill
 from specserve.train.draft_net import check_draft_layers
 from specserve.train.eagle import EagleConfig, EagleResult, agreement, eagle_report, train_eagle
@@ -44,29 +51,33 @@ class TrainOutcome:
 
 def generate_data(target: str | None, items: Sequence[PromptItem], data_cfg: DataConfig,
                   seed: int, num_threads: int | None,
-                  check: Callable[[ModelConfig], None] = lambda cfg: None) -> DraftData:
-    """The target's replies, from the engine as it serves them (same dtype). check(target
-    config) runs first: a setting the target cannot take fails before minutes of generation,
-    not after."""
+                  check: Callable[[ModelConfig], None] = lambda cfg: None,
+                  show_progress: bool = False) -> DraftData:
+    """The target's replies, from the engine as it serves them (same dtype). The prompts'
+    split, then check(target config), run first: what cannot work fails before the target
+    loads or minutes of generation, not after."""
     from specserve.llm import LLM
 
+    split_by_kind(unique_prompts(items), data_cfg.held_out_fraction, seed)
     llm = LLM(target, dtype=data_cfg.dtype, seed=seed, num_threads=num_threads)
     try:
         check(llm.engine.model_config)
-        return build_data(llm, items, data_cfg, seed)
+        return build_data(llm, items, data_cfg, seed, use_tqdm=show_progress)
     finally:
         del llm
         gc.collect()  # the engine's KV pool is gone before training allocates
 
 
 def _data_and_target(target: str | None, items: Sequence[PromptItem], data_cfg: DataConfig,
-                     seed: int, num_threads: int | None, check: Callable[[ModelConfig], None]):
+                     cfg: DistillConfig | EagleConfig, num_threads: int | None,
+                     check: Callable[[ModelConfig], None]):
     """The training data (from the engine, which is gone afterwards, and which runs check on
     the target's config first), then the target loaded again in fp32: (data, loaded, model),
     the model being what the draft is built from."""
     if num_threads:
         torch.set_num_threads(num_threads)
-    data = generate_data(target, items, data_cfg, seed, num_threads, check)
+    data = generate_data(target, items, data_cfg, cfg.seed, num_threads, check,
+                         cfg.show_progress)
     loaded = load_model(target)
     return data, loaded, build_model(loaded.config, loaded.state_dict, torch.float32)
 
@@ -75,10 +86,13 @@ def _teacher(loaded, model: LlamaModel, dtype: str) -> LlamaModel:
     """The target in the dtype it is served in: its hidden states are what the draft learns
     from (and, for EAGLE, what the head reads in serving). The fp32 `model` when that is it."""
     served = parse_dtype(dtype)
-    if served == torch.float32:
-        return model
-    teacher = build_model(loaded.config, loaded.state_dict, served).requires_grad_(False)
-    pack_linears(teacher)  # as served: a CPU without bf16 GEMMs needs the packed (fp32) path
+    teacher = model
+    if served != torch.float32:
+        teacher = build_model(loaded.config, loaded.state_dict, served).requires_grad_(False)
+        pack_linears(teacher)  # as served: a CPU without bf16 GEMMs needs the packed (fp32) path
+    # The models hold what they need: a second copy of the target (fp32 for a GGUF) would
+    # stay in memory for the whole training.
+    loaded.state_dict.clear()
     return teacher
 
 
@@ -113,11 +127,11 @@ def _report(method: str, loaded, cfg, data_cfg: DataConfig, data: DraftData,
 def train_draft(target: str | None, items: Sequence[PromptItem], out: str | Path,
                 cfg: DistillConfig, data_cfg: DataConfig | None = None,
                 num_threads: int | None = None, source: str = "") -> TrainOutcome:
-    check_draft_dir(Path(out).expanduser())  # before the run, not after it
+    check_draft_dir(Path(out).expanduser(), preflight=True)  # before the run, not after it
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
     data, loaded, model = _data_and_target(
-        target, items, data_cfg, cfg.seed, num_threads,
+        target, items, data_cfg, cfg, num_threads,
         lambda target_cfg: check_draft_layers(cfg.num_layers, target_cfg.num_layers))
     result = distill(model, data, cfg, _teacher(loaded, model, data_cfg.dtype))
     with autocast(cfg):
@@ -148,11 +162,11 @@ def summary(outcome: TrainOutcome) -> str:
 def train_eagle_head(target: str | None, items: Sequence[PromptItem], out: str | Path,
                      cfg: EagleConfig, data_cfg: DataConfig | None = None,
                      num_threads: int | None = None, source: str = "") -> TrainOutcome:
-    check_draft_dir(Path(out).expanduser())  # before the run, not after it
+    check_draft_dir(Path(out).expanduser(), preflight=True)  # before the run, not after it
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
     data, loaded, model = _data_and_target(
-        target, items, data_cfg, cfg.seed, num_threads,
+        target, items, data_cfg, cfg, num_threads,
         lambda target_cfg: check_feature_layers(cfg.feature_layers or (), target_cfg.num_layers))
     result = train_eagle(model, data.train, data.held_out, cfg,
                          _teacher(loaded, model, data_cfg.dtype))

@@ -30,10 +30,11 @@ def _is_draft_dir(path: Path) -> bool:
         return False
 
 
-def check_draft_dir(out: Path) -> None:
+def check_draft_dir(out: Path, preflight: bool = False) -> None:
     """Raise ValueError unless out is new, empty or an earlier draft: written_whole replaces
-    it, and another directory's files would go with it. Called before training as well, so
-    that a wrong --out fails before the run, not after it."""
+    it, and another directory's files would go with it. Called before training as well
+    (preflight, which also checks that out can be created), so that a wrong --out fails before
+    the run, not after it."""
     here = Path.cwd()
     if Path(os.path.abspath(out)) in (here, *here.parents):
         # Replacing it would leave this process, and the shell it was started from, in a
@@ -44,6 +45,12 @@ def check_draft_dir(out: Path) -> None:
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not _is_draft_dir(out))):
         raise ValueError(f"{out} holds files that are not a specserve draft: save the draft "
                          "to a new or empty directory")
+    if not preflight:
+        return
+    # The save writes beside out and renames; a parent it cannot write must fail now.
+    parent = next((p for p in (out.parent, *out.parent.parents) if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{out}: cannot create it ({parent} is not a writable directory)")
 
 
 @contextlib.contextmanager
