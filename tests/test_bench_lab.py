@@ -123,6 +123,28 @@ def test_lab_end_to_end(tmp_path, capsys):
         assert_png(tmp_path / f"{name}.png")
 
 
+def test_every_strategy_runs_a_full_batch_before_its_first_timed_point(monkeypatch):
+    # Only adaptive engines (their start-up profile) ran large forwards before the clock
+    # started; vanilla's first full batch fell inside its first timed point.
+    import specserve.bench.lab as lab_mod
+
+    calls = []
+    real = lab_mod.run_workload
+
+    def spy(engine, workload, concurrency, num_prompts, *args, **kwargs):
+        calls.append((concurrency, num_prompts, max(workload.max_tokens)))
+        return real(engine, workload, concurrency, num_prompts, *args, **kwargs)
+
+    monkeypatch.setattr(lab_mod, "run_workload", spy)
+    preset = Preset("t", ("rag", "prose"), (1, 3), num_prompts_override=3, max_tokens_cap=12)
+    lab = run_lab([Strategy("vanilla", {})], preset, {"kv_cache_memory": 64 << 20},
+                  isolate=False)
+    assert lab.strategies[0]["status"] == "ok"
+    # The untimed batch: 3 requests at once, 8 tokens each, on prose (rag's prompts are long).
+    assert calls[0] == (3, 3, 8) and len(calls) == 1 + 4
+    assert [p["concurrency"] for p in lab.points] == [1, 3, 1, 3]
+
+
 def test_runs_record_the_adaptive_policys_prices():
     """What the controller believed a forward costs, per run: a start-up profile taken in a
     slow spell shows there."""
@@ -604,6 +626,32 @@ def test_fewer_prompts_than_the_concurrency_are_raised_to_it_with_a_warning(capl
     assert preset.num_prompts(1) == 7
     assert at_least_concurrency(40, 32) == 40
     assert Preset("t", ("prose",), (16,)).num_prompts(16) == 32  # the default is unchanged
+    # Without max_prompts too (bench sweep's --min-prompts 4 once ran 4 requests "at 64").
+    assert Preset("s", ("prose",), (64,), prompts_factor=0, min_prompts=4).num_prompts(64) == 64
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "sweep", "--repeats", "0"], ["bench", "sweep", "--num-prompts-factor", "0"],
+    ["bench", "quant", "--num-sequential", "0"], ["bench", "lab", "--num-prompts", "0"]])
+def test_counts_below_one_are_refused_by_the_parser(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and "at least 1" in capsys.readouterr().err
+
+
+def test_a_concurrency_below_one_is_refused():
+    from specserve.bench.cli import _ints
+
+    assert _ints("1, 8,32") == (1, 8, 32)
+    with pytest.raises(ValueError, match="positive integers"):
+        _ints("0,8")
+
+
+def test_a_lab_whose_strategies_were_all_skipped_draws_nothing(tmp_path):
+    from specserve.bench.plots import lab_plots
+
+    results = {"points": [], "strategies": [{"name": "x", "status": "skipped"}]}
+    assert lab_plots(results, tmp_path) == []
 
 
 def test_online_refuses_zero_repeats(capsys):
@@ -738,6 +786,21 @@ def test_offline_compare_hf_loads_the_engines_own_model(tmp_path, monkeypatch):
     hf = models[0]
     assert hf.config.num_hidden_layers == 2 and hf.config.vocab_size == 64
     assert next(hf.parameters()).device == llm.engine.device
+
+
+def test_the_hf_peer_decodes_plain_greedy_whatever_the_checkpoint_asks(tmp_path):
+    # A generation_config.json's repetition_penalty applied to the HF peer's greedy decoding
+    # and not to the engine's rows: other text, other lengths, from "the same prompts".
+    from tiny_models import make_tiny_model
+
+    from specserve.bench.offline import load_hf_model
+
+    path = make_tiny_model(tmp_path / "m", seed=2)
+    (path / "generation_config.json").write_text(json.dumps(
+        {"repetition_penalty": 1.3, "top_k": 5, "eos_token_id": 1}))
+    hf = load_hf_model(torch.float32, str(path))
+    assert hf.generation_config.repetition_penalty in (None, 1.0)
+    assert hf.generation_config.top_k in (None, 50) and hf.generation_config.eos_token_id == 1
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

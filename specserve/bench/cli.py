@@ -15,7 +15,11 @@ from specserve.server.cli import positive_int  # argparse and os only: --help st
 
 
 def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
+    """Positive integers, comma-separated (concurrency levels)."""
+    values = tuple(int(x) for x in text.split(",") if x.strip())
+    if not values or min(values) < 1:
+        raise ValueError(f"expected positive integers like 1,8,32, got {text!r}")
+    return values
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -159,6 +163,8 @@ def cmd_lab(args: argparse.Namespace) -> None:
         "points": add_summaries(lab.points),
     }
     write_json(out / "results.json", results)
+    for line in skipped_lines(lab.strategies):  # before the plots, whatever they do
+        console.print(line, style="yellow")
     pngs = lab_plots(results, out)
     console.print(lab_table(results))
     spec_rows = [(p["strategy"], p["workload"], p["concurrency"], median_run(p["runs"]))
@@ -166,9 +172,8 @@ def cmd_lab(args: argparse.Namespace) -> None:
                      r.get("num_draft_tokens") for r in p["runs"])]
     if spec_rows:
         console.print(speculation_table(spec_rows, "speculation (median run of each point)"))
-    for line in skipped_lines(lab.strategies):
-        console.print(line, style="yellow")
-    console.print(f"wrote {out / 'results.json'} and {', '.join(p.name for p in pngs)}")
+    console.print(f"wrote {out / 'results.json'}" + (f" and {', '.join(p.name for p in pngs)}"
+                                                     if pngs else ""))
 
 
 def _trained(model: str | None, method: str, minutes: float, num_threads) -> str | None:
@@ -221,10 +226,11 @@ def _add_lab(bench) -> None:
                    help="repetitions: each builds every strategy again in a fresh process, in "
                         "a rotated order; figures become median [min-max] (of an even count "
                         "the lower middle)")
-    p.add_argument("--num-prompts", type=int, default=None,
+    p.add_argument("--num-prompts", type=positive_int, default=None,
                    help="prompts per point (default: max(2 x concurrency, 8), with --quick "
                         "min(max(concurrency, 8), 16); never fewer than the concurrency)")
-    p.add_argument("--max-tokens", type=int, default=None, help="cap each item's max_tokens")
+    p.add_argument("--max-tokens", type=positive_int, default=None,
+                   help="cap each item's max_tokens")
     p.add_argument("--compare-hf", action="store_true",
                    help="add Hugging Face generate (static batching, and prompt lookup at "
                         "concurrency 1) and llama-cpp-python (if installed) rows")
@@ -303,15 +309,16 @@ def _add_sweep(bench) -> None:
     p.add_argument("--workloads", default="prose,json,rag")
     p.add_argument("--policies", default="off,static:2,static:4,batch-threshold:8,adaptive")
     p.add_argument("--concurrency", default="1,2,4,8,16,32,64")
-    p.add_argument("--num-prompts-factor", type=int, default=3,
+    p.add_argument("--num-prompts-factor", type=positive_int, default=3,
                    help="prompts per run: max(factor x concurrency, --min-prompts); 3 waves by "
                         "default, so that a run is mostly steady state")
-    p.add_argument("--min-prompts", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=32, help="cap each item's max_tokens")
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--min-prompts", type=positive_int, default=8)
+    p.add_argument("--max-tokens", type=positive_int, default=32,
+                   help="cap each item's max_tokens")
+    p.add_argument("--repeats", type=positive_int, default=3,
                    help="rounds per point, policies interleaved; cells report the median run "
                         "(of an even count the lower middle)")
-    p.add_argument("--k-max", type=int, default=4,
+    p.add_argument("--k-max", type=positive_int, default=4,
                    help="K_max of the policies without their own K (all but static:K)")
     p.add_argument("--no-prefix-caching", action="store_true")
     _add_prompts_flag(p)
@@ -412,10 +419,11 @@ def _add_online(bench) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--workload", default="prose")
     p.add_argument("--concurrency", default="1,8,32")
-    p.add_argument("--num-prompts", type=int, default=None,
+    p.add_argument("--num-prompts", type=positive_int, default=None,
                    help="per concurrency (default: max(2 x concurrency, 8); never fewer "
                         "than the concurrency)")
-    p.add_argument("--max-tokens", type=int, default=None, help="cap each item's max_tokens")
+    p.add_argument("--max-tokens", type=positive_int, default=None,
+                   help="cap each item's max_tokens")
     p.add_argument("--api-key", default=os.environ.get("SPECSERVE_API_KEY"))
     p.add_argument("--model", dest="served_model", default=None,
                    help="the model name to send (default: the first in /v1/models)")
@@ -468,9 +476,10 @@ def _add_quant(bench) -> None:
     p.add_argument("--modes", default=",".join(MODES), help=f"any of {','.join(MODES)}")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--num-sequential", type=int, default=4,
+    p.add_argument("--num-sequential", type=positive_int, default=4,
                    help="requests run one after another for the concurrency-1 figure")
-    p.add_argument("--batch", type=int, default=32, help="the throughput point's concurrency")
+    p.add_argument("--batch", type=positive_int, default=32,
+                   help="the throughput point's concurrency")
     p.add_argument("--kv-cache-memory", type=parse_memory, default=1 << 30)
     p.add_argument("--ppl-tokens", type=int, default=4096)
     p.add_argument("--num-threads", type=int, default=None)

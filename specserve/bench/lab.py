@@ -425,7 +425,7 @@ class Preset:
             return at_least_concurrency(self.num_prompts_override, concurrency)
         n = max(self.prompts_factor * concurrency, self.min_prompts)
         # Never fewer prompts than the concurrency: the point would not reach it.
-        return max(min(n, self.max_prompts), concurrency) if self.max_prompts else n
+        return max(min(n, self.max_prompts) if self.max_prompts else n, concurrency)
 
 
 PRESETS = {
@@ -488,6 +488,21 @@ def warm_up(engine: LLMEngine) -> None:
             engine.step()
 
 
+def warm_up_batches(engine: LLMEngine, workloads: Sequence[PreparedWorkload],
+                    concurrency: int) -> None:
+    """An untimed closed loop at the lab's highest concurrency (8 tokens a request, the
+    workload with the shortest prompts): every strategy's first large prefill and decode
+    batches fall outside its timed runs. An adaptive engine's start-up profile runs such
+    forwards anyway; the others paid for theirs in their first timed point."""
+    if concurrency <= 1 or not workloads:
+        return
+    shortest = min(workloads, key=lambda w: sum(map(len, w.prompts)) / len(w.prompts))
+    short = replace(shortest, max_tokens=[min(m, 8) for m in shortest.max_tokens],
+                    structured_outputs=None)
+    run_workload(engine, short, concurrency, concurrency, ignore_eos=True)
+    engine.reset_prefix_cache()
+
+
 def build_llm(model: str | None, kwargs: dict):
     from specserve.llm import LLM
 
@@ -521,13 +536,15 @@ def run_strategy(strategy: Strategy, preset: Preset, common: dict, model: str | 
                            # what the baselines are given too (baselines.engine_threads)
                            "num_threads": torch.get_num_threads(),
                            **{ours: stats.get(theirs, 0) for ours, theirs in _MEMORY.items()}})
+    warm_up_batches(engine, [lab.workloads[n] for n in preset.workloads],
+                    max(preset.concurrency))
     for name in preset.workloads:
-        if engine.spec_policy is not None:
-            # A fresh policy per workload, as in bench sweep: what adaptive learned on the last
-            # workload (its acceptance, its standing plan) is not this one's, and a workload's
-            # figures must not depend on which ran before it. The start-up profile is kept.
-            engine.set_speculation_policy(engine.config.speculation_policy)
         for c in preset.concurrency:
+            if engine.spec_policy is not None:
+                # A fresh policy per point: what adaptive learned on the last one (its
+                # acceptance, its standing plan) is not this one's, and a point's figures must
+                # not depend on which ran before it. The start-up profile is kept.
+                engine.set_speculation_policy(engine.config.speculation_policy)
             progress(f"{strategy.name} · {name} · c={c}", 0)
             runs = [run_workload(engine, lab.workloads[name], c, preset.num_prompts(c),
                                  preset.ignore_eos, strategy.reset_prefix_cache)

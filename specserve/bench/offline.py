@@ -143,13 +143,20 @@ def load_hf_model(dtype: torch.dtype, model: str | None = None,
     or a .gguf file goes through our loader's dequantized weights into transformers' own model
     class: recent transformers keep GGUF weights packed and compute in fp32, which is not the
     "HF bf16" baseline we compare against."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     from specserve.models.loader import load_model
 
     path = None if model is None else Path(model).expanduser()
     if path is not None and path.is_dir():
         hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True)
+        # The checkpoint's generation_config.json (Qwen2.5-Instruct's repetition_penalty 1.05)
+        # applies even to a greedy generate: the peer decodes plain greedy, as the engine's
+        # rows do, its ids kept.
+        g = hf.generation_config
+        hf.generation_config = GenerationConfig(bos_token_id=g.bos_token_id,
+                                                eos_token_id=g.eos_token_id,
+                                                pad_token_id=g.pad_token_id)
     else:
         hf = _hf_from_state_dict(load_model(model)).to(dtype)
     return hf.to(device).eval()

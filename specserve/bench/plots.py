@@ -135,6 +135,8 @@ def memory_plot(results: dict, path: Path) -> Path:
 
 def lab_plots(results: dict, out: Path) -> list[Path]:
     points = results["points"]
+    if not points:  # every strategy was skipped: nothing to draw (and no 0-panel figure)
+        return []
     return [
         _vs_concurrency(points, "output_tok_s", "output tok/s", "throughput vs concurrency",
                         out / "throughput_vs_concurrency.png"),

@@ -124,8 +124,8 @@ def lab_table(results: dict) -> Table:
                           (f"tok/s @{hi}", "right"), (f"TTFT p50/p99 ms @{hi}", "right"),
                           (f"prefix hit % @{hi}", "right"),
                           ("accept", "right"), ("acc len", "right"),
-                          ("target MB W+KV", "right"), ("draft MB W+KV", "right"),
-                          ("KV blocks peak/total", "right"), ("preempt", "right")]:
+                          ("target MiB W+KV", "right"), ("draft MiB W+KV", "right"),
+                          ("KV blocks peak/total", "right"), (f"preempt @{hi}", "right")]:
         t.add_column(name, justify=justify, no_wrap=justify == "left")
     workloads = list(dict.fromkeys(p["workload"] for p in points))
     for s in results["strategies"]:
@@ -158,8 +158,8 @@ def lab_table(results: dict) -> Table:
                 f"{_mb(s.get('draft_weight_bytes'))}+{_mb(s.get('draft_kv_bytes'))}"
                 if s.get("draft_weight_bytes") else "—",
                 f"{peak}/{s['kv_blocks_total']}" if s.get("kv_blocks_total") else "—",
-                str(pool["num_preemptions"]) if any("num_preemptions" in r for p in mine
-                                                    for r in p["runs"]) else "—")
+                # Per run, as the columns beside it (the pooled sum grew with --repeats).
+                fmt(hs.get("num_preemptions"), 0))
     return t
 
 
