@@ -43,6 +43,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="let requests run LoRA adapters (PEFT directories) on the base model")
     p.add_argument("--max-lora-rank", type=int, default=16,
                    help="the largest adapter rank accepted (default 16, as vLLM)")
+    p.add_argument("--max-loras", type=int, default=None,
+                   help="distinct adapters the running requests may use at once; a request "
+                        "whose adapter would exceed it waits (default: no limit)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--speculative-config", type=json.loads, default=None,
@@ -71,6 +74,7 @@ def engine_kwargs(args: argparse.Namespace) -> dict:
               max_num_seqs=args.max_num_seqs, scheduling_policy=args.scheduling_policy,
               enable_prefix_caching=not args.no_prefix_caching, seed=args.seed,
               enable_lora=args.enable_lora, max_lora_rank=args.max_lora_rank,
+              max_loras=args.max_loras,
               num_threads=args.num_threads, speculation_policy=args.speculation_policy,
               jump_forward_tokens=args.jump_forward_tokens,
               generation_config=args.generation_config, max_model_len=args.max_model_len,

@@ -127,6 +127,10 @@ class SchedulerConfig:
     # vLLM's: "fcfs" (arrival order) or "priority" (each request's priority, lower first, then
     # arrival; it also picks preemption victims). See engine/scheduler.py.
     scheduling_policy: str = "fcfs"
+    # vLLM's max_loras: how many distinct LoRA adapters the running requests may use at once
+    # (each is a group of its own in every LoRA linear); a request whose adapter would exceed
+    # it waits, keeping its place. None: no limit.
+    max_loras: int | None = None
 
     def __post_init__(self) -> None:
         if min(self.max_num_batched_tokens, self.max_num_seqs,
@@ -136,6 +140,10 @@ class SchedulerConfig:
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', not "
                              f"{self.scheduling_policy!r}")
+        if self.max_loras is not None and (type(self.max_loras) is not int
+                                           or self.max_loras < 1):
+            raise ValueError(f"max_loras must be a positive integer or None, not "
+                             f"{self.max_loras!r}")
 
 
 @dataclass(frozen=True, slots=True)

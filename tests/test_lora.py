@@ -96,6 +96,28 @@ def test_requests_of_one_adapter_apart_in_the_batch(tiny):
         assert got[k] == tiny["expected"][name][PROMPTS.index(p)]
 
 
+@pytest.mark.parametrize("max_loras", [1, 2])
+def test_max_loras_bounds_the_adapters_of_a_step(tiny, monkeypatch, max_loras):
+    # vLLM's max_loras: a request whose adapter would exceed it waits; tokens are unchanged.
+    from specserve.lora.batch import LoRABatch
+
+    widths = []
+    build = LoRABatch.build.__func__
+
+    def counting(cls, spans, device):
+        widths.append(len({id(a) for a, s, e in spans if a is not None and e > s}))
+        return build(cls, spans, device)
+
+    monkeypatch.setattr(LoRABatch, "build", classmethod(counting))
+    loras = [tiny["a"], None, tiny["b"]] * 3
+    prompts = [p for p in PROMPTS for _ in range(3)]
+    got = tokens(engine(tiny, max_loras=max_loras).generate(prompts, GREEDY, lora_request=loras))
+    for k, (p, lora) in enumerate(zip(prompts, loras, strict=True)):
+        name = None if lora is None else lora.lora_name
+        assert got[k] == tiny["expected"][name][PROMPTS.index(p)]
+    assert max(widths) == max_loras  # 2 is reached: the limit, not chance, kept it at 1
+
+
 def test_lora_batch_adds_each_rows_own_update():
     """LoRABatch against a row-by-row reference: slices, gathered rows, rows of no adapter."""
     from specserve.lora.adapter import LoRAAdapter, LoRALinear

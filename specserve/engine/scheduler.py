@@ -141,11 +141,18 @@ class Scheduler:
         inflight = (self._inflight_prompt_blocks({r.request_id for r, _ in out.scheduled})
                     if self.waiting and bm.enable_prefix_caching else None)
         deferred: list[Request] = []
+        # The adapters in use (by load, not id: a reloaded id is another group of weights).
+        adapters = ({id(r.lora) for r in self.running if r.lora is not None}
+                    if cfg.max_loras is not None else None)
         try:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting[0]
                 if deferred and self.by_priority and req.priority > deferred[0].priority:
-                    break  # a wait for a shared prefix lets no less urgent request pass it
+                    break  # a wait lets no less urgent request pass it
+                if (adapters is not None and req.lora is not None
+                        and id(req.lora) not in adapters and len(adapters) >= cfg.max_loras):
+                    deferred.append(self.waiting.popleft())  # vLLM's max_loras: it waits
+                    continue
                 # A preempted request is not held back: passed by others, it would be the
                 # newest (fcfs) or least urgent again, the next victim, and its cached blocks
                 # could be evicted.
@@ -180,6 +187,8 @@ class Scheduler:
                     self.running.append(req)
                 out.scheduled.append((req, num_new))
                 budget -= num_new
+                if adapters is not None and req.lora is not None:
+                    adapters.add(id(req.lora))
                 if inflight is not None:
                     self._add_inflight(inflight, req, scheduled=True)
         finally:
