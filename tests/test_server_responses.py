@@ -231,6 +231,35 @@ def test_a_named_call_after_reasoning_streams_as_one_reasoning_item_then_the_cal
     assert json.loads(final[1]["arguments"]) == {"city": "Paris"}
 
 
+def test_the_reasoning_is_counted_by_the_callers_tokenizer_not_on_the_event_loop():
+    # A long reasoning was re-tokenized on the event loop at the end of every reply; the
+    # server now gives the texts to its tokenizing thread (serving.count).
+    import asyncio
+
+    from specserve.server.response_events import whole_response
+
+    def on_the_loop(text):
+        raise AssertionError("counted on the event loop")
+
+    seen = []
+
+    async def count(texts):
+        seen.append(texts)
+        return 7
+
+    req = ResponsesRequest.model_validate({"input": "x"})
+    events = ResponseEvents("resp_r", MODEL, req, cache_block=None, count_tokens=on_the_loop)
+    events.start()
+    out = RequestOutput("r", None, [1], [CompletionOutput(0, "<think>Hm, so.</think>Yes.",
+                                                          [5] * 9, finish_reason="stop")], True)
+    from specserve.server.reasoning import ReasoningReader
+    from specserve.server.replies import ReplyReader
+
+    final = asyncio.run(whole_response(events, out, ReplyReader(ReasoningReader(), None), count))
+    assert seen == [["Hm, so."]]
+    assert final["usage"]["output_tokens_details"]["reasoning_tokens"] == 7
+
+
 def test_a_named_call_cut_short_while_reasoning_makes_no_call():
     # An agent runs every function_call item: one the model never began (arguments "") used
     # to be invented at the end, and the cut reasoning marked completed.

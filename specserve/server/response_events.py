@@ -5,7 +5,7 @@ stream events, both built by one event machine so that they agree."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from specserve.outputs import RequestOutput
@@ -103,19 +103,29 @@ class ResponseEvents:
             events += self._call(part)
         return events
 
-    def finish(self, out: RequestOutput) -> list[dict[str, Any]]:
+    def reasoning_texts(self) -> list[str]:
+        """The reply's reasoning so far, one text per reasoning item (the open one too)."""
+        texts = [part["text"] for item in self.items if item["type"] == "reasoning"
+                 for part in item["content"]]
+        if self._open is not None and self._open["type"] == "reasoning":
+            texts.append("".join(self._pieces))
+        return texts
+
+    def finish(self, out: RequestOutput, reasoning_tokens: int | None = None
+               ) -> list[dict[str, Any]]:
         """The last events: the open item closed (incomplete if the reply was cut short), the
-        response completed or incomplete."""
+        response completed or incomplete. reasoning_tokens (for usage): counted here with
+        count_tokens when not given."""
         reason = "max_output_tokens" if out.outputs[0].finish_reason == "length" else None
+        if reasoning_tokens is None:
+            reasoning_tokens = sum(map(self.count_tokens, self.reasoning_texts()))
         events = []
         if not self.items and self._open is None:  # an empty reply is an empty message
             events += self._open_item("message")
         events += self._close("incomplete" if reason else "completed")
-        reasoning = sum(self.count_tokens(part["text"]) for item in self.items
-                        if item["type"] == "reasoning" for part in item["content"])
         response = response_object(
             self.response_id, self.created, self.model, self.req, self.items,
-            response_usage(out, self.cache_block, reasoning), reason, done=True)
+            response_usage(out, self.cache_block, reasoning_tokens), reason, done=True)
         return events + [self._event("incomplete" if reason else "completed",
                                      response=response)]
 
@@ -187,8 +197,14 @@ class ResponseEvents:
         return events
 
 
+# What tokenizes a reply's reasoning for usage, off the event loop when it is long (a reply may
+# reason for tens of thousands of tokens).
+TokenCounter = Callable[[list[str]], Awaitable[int]]
+
+
 async def response_events(events: ResponseEvents, stream: OutputStream,
-                          reader: ReplyReader | None) -> AsyncIterator[dict[str, Any]]:
+                          reader: ReplyReader | None, count: TokenCounter
+                          ) -> AsyncIterator[dict[str, Any]]:
     """A streamed response's events: the reply read by `reader` (None: as plain text) as it
     grows."""
     for event in events.start():
@@ -199,15 +215,15 @@ async def response_events(events: ResponseEvents, stream: OutputStream,
         for event in events.feed(*_read(reader, text, out.finished)):
             yield event
         if out.finished:
-            for event in events.finish(out):
+            for event in events.finish(out, await count(events.reasoning_texts())):
                 yield event
 
 
-def whole_response(events: ResponseEvents, out: RequestOutput, reader: ReplyReader | None
-                   ) -> dict[str, Any]:
+async def whole_response(events: ResponseEvents, out: RequestOutput,
+                         reader: ReplyReader | None, count: TokenCounter) -> dict[str, Any]:
     """A reply read whole: the Response object its events would end with."""
     events.feed(*_read(reader, out.outputs[0].text, True))
-    return events.finish(out)[-1]["response"]
+    return events.finish(out, await count(events.reasoning_texts()))[-1]["response"]
 
 
 def _read(reader: ReplyReader | None, text: str, finished: bool

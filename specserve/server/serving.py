@@ -327,13 +327,19 @@ class OpenAIServing:
         reader = self._reply_reader(chat, params, reasoning_reader)
         events = ResponseEvents(response_id, self.served_name(req), req, self._cache_block,
                                 lambda text: len(encode_prompt(self._tokenizer, text, False)))
+
+        async def count(texts: list[str]) -> int:
+            # On the worker thread for a long reasoning, as a long prompt is tokenized.
+            return await self._tokenize(lambda tok: sum(
+                len(encode_prompt(tok, t, False)) for t in texts), sum(map(len, texts)))
+
         if req.stream:
-            return EventStreamResponse(response_events(events, stream, reader), stream,
+            return EventStreamResponse(response_events(events, stream, reader, count), stream,
                                        typed=True)
         outputs = await collect_outputs(stream, raw)
         if outputs is None:
             return Response(status_code=_CLIENT_CLOSED)
-        return JSONResponse(whole_response(events, outputs[0], reader))
+        return JSONResponse(await whole_response(events, outputs[0], reader, count))
 
     # ---- vLLM's tokenizer endpoints ------------------------------------------------------------
     async def tokenize(self, req: TokenizeRequest) -> Response:
