@@ -412,6 +412,33 @@ def test_a_cached_draft_trained_for_less_than_asked_is_trained_again(tmp_path, m
     assert trained_draft(None, "draft", minutes=5.0) == path and budgets == [5.0]
 
 
+def test_a_cached_draft_for_other_weights_at_the_same_path_is_not_used(tmp_path, monkeypatch,
+                                                                        caplog):
+    # A checkpoint fine-tuned in place keeps its path, the cache's only key: its old draft
+    # failed to load (another embedding) or guessed for weights that are gone.
+    from tiny_models import make_tiny_model
+
+    from specserve.bench.trained import cached_path, trained_draft
+    from specserve.train import pipeline
+    from specserve.train.save import target_fingerprint
+
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path / "cache"))
+    target = str(make_tiny_model(tmp_path / "t", seed=1))
+    trained = []
+    monkeypatch.setattr(pipeline, "train_draft",
+                        lambda target, items, path, cfg, **kw: trained.append(cfg.minutes))
+    path = cached_path(target, "draft")
+    path.mkdir(parents=True)
+    (path / "training.json").write_text(json.dumps(
+        {"recipe": pipeline.RECIPE["draft"], "settings": {"minutes": 2.0},
+         "target_fingerprint": target_fingerprint(target)}))
+    assert trained_draft(target, "draft", minutes=0) == path
+    make_tiny_model(tmp_path / "t", seed=2)  # the same path, other weights
+    assert trained_draft(target, "draft", minutes=0) is None
+    assert "trained for other weights" in caplog.text and trained == []
+    assert trained_draft(target, "draft", minutes=2.0) == path and trained == [2.0]
+
+
 def _square(x: int, progress) -> tuple[int, int]:
     import os
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specserve.bench.workloads import WorkloadItem, load_workload
-from specserve.train.save import cached_draft_path
+from specserve.train.save import cached_draft_path, target_fingerprint
 
 logger = logging.getLogger("specserve")
 
@@ -41,14 +41,23 @@ def trained_draft(target: str | None, method: str, minutes: float,
     if report.is_file():
         trained = json.loads(report.read_text())
         budget = trained.get("settings", {}).get("minutes", 0)
-        if trained.get("recipe", 1) >= RECIPE[method] and (minutes <= 0 or budget >= minutes):
+        if trained.get("target_fingerprint") not in (None, target_fingerprint(target)):
+            # Trained for other weights under the same path: it would not load (another
+            # embedding) or would guess for a model that is gone.
+            if minutes <= 0:
+                logger.warning("%s was trained for other weights of %s; retrain it with "
+                               "--train-minutes > 0", path, target or "the embedded model")
+                return None
+            logger.info("%s was trained for other weights: training again", path)
+        elif trained.get("recipe", 1) >= RECIPE[method] and (minutes <= 0 or budget >= minutes):
             return path
-        if minutes <= 0:
+        elif minutes <= 0:
             logger.warning("%s was trained with an older recipe; retrain it with "
                            "--train-minutes > 0", path)
             return path
-        logger.info("%s was trained for %g min (recipe %s): training again for %g min", path,
-                    budget, trained.get("recipe", 1), minutes)
+        else:
+            logger.info("%s was trained for %g min (recipe %s): training again for %g min",
+                        path, budget, trained.get("recipe", 1), minutes)
     elif minutes <= 0:
         return None
     from specserve.train.data import workload_prompts

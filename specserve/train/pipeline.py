@@ -30,7 +30,7 @@ from specserve.train.draft_net import check_draft_layers
 from specserve.train.eagle import EagleConfig, EagleResult, agreement, eagle_report, train_eagle
 from specserve.train.loop import autocast
 from specserve.train.report import acceptance_report, format_report
-from specserve.train.save import calibration_sample, save_draft
+from specserve.train.save import calibration_sample, save_draft, target_fingerprint
 from specserve.train.whole_dir import check_draft_dir
 
 # Bumped, per method, when the training recipe changes enough that cached drafts should be
@@ -105,6 +105,7 @@ def _report(method: str, loaded, cfg, data_cfg: DataConfig, data: DraftData,
         "target": loaded.name,
         "target_path": loaded.path,
         "source": source,
+        "target_fingerprint": target_fingerprint(loaded.path),
         "recipe": RECIPE[method],
         "settings": dataclasses.asdict(cfg) | dataclasses.asdict(data_cfg),
         "head_vocab_size": head_size,

@@ -54,6 +54,29 @@ def cached_draft_path(target: str | None, workload: str, layers: int) -> Path:
     return root / "drafts" / safe
 
 
+def target_fingerprint(target: str | None) -> str:
+    """A digest of a target's weights as they lie on disk: each weight file's name, size and
+    first and last MiB, and config.json's text. A draft cached for the lab is trained again
+    when it changes (a checkpoint fine-tuned or re-exported in place keeps its path, which is
+    all the cache's name holds). Cheap, not exhaustive: it reads 2 MiB a file."""
+    from specserve.models.loader import embedded_model_path
+
+    path = Path(embedded_model_path() if is_embedded(target) else target).expanduser()
+    files = [path] if path.is_file() else sorted(
+        f for f in path.iterdir() if f.suffix in (".safetensors", ".gguf", ".bin"))
+    digest = hashlib.sha256()
+    if path.is_dir() and (path / "config.json").is_file():
+        digest.update((path / "config.json").read_bytes())
+    for f in files:
+        size = f.stat().st_size
+        digest.update(f"{f.name}:{size}".encode())
+        with f.open("rb") as fh:
+            digest.update(fh.read(1 << 20))
+            fh.seek(max(size - (1 << 20), 0))
+            digest.update(fh.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
 def calibration_sample(samples: Sequence[Sample], seed: int,
                        max_tokens: int = CALIBRATION_TOKENS) -> list[list[int]]:
     """Training sequences (prompt + the target's reply), taken round-robin over the kinds in a
