@@ -1186,3 +1186,18 @@ def test_a_planned_request_among_others_weighs_its_gain_against_the_whole_batch(
     ks, _, _ = choose_num_speculative_tokens(np.array([[0.3]]), np.array([4]), 1, cost,
                                              num_emitted=1)
     assert ks.tolist()[0] > 0  # alone, the same guesses pay
+
+
+def test_the_reported_k_mean_follows_the_recent_steps():
+    # A gauge of the mean since start barely moved on a long-running server when the load
+    # changed what the controller picks (3.08 here).
+    from specserve.spec_decode.policy import build_policy
+
+    policy = build_policy("static", 4)
+    for _ in range(1000):
+        policy.record_choice([4, 4])
+    assert policy.stats([])["spec_k_mean"] == pytest.approx(4.0)
+    for _ in range(300):
+        policy.record_choice([0])
+    assert policy.stats([])["spec_k_mean"] < 0.5
+    assert policy.stats([])["spec_k_histogram"] == {0: 300, 4: 2000}

@@ -288,11 +288,12 @@ def test_feature_buffer_fills_gaps_with_zeros_and_trims_the_oldest_rows():
 def test_a_windowed_head_starts_over_on_its_window_and_keeps_only_its_features():
     """A head trained over 3 positions before the last computed one, 20 tokens behind: it
     catches up on 5 (the window, the last computed position, the newest token), reads a zero
-    feature at its position 0 and the target's after, and keeps 4 feature rows."""
+    feature at its position 0 and the target's after, and keeps 5 feature rows (what the
+    longest catch-up without a restart reads)."""
     ids = list(range(100, 120))
     seq = _fake_seq(ids, window=3)
     seq.add_features(0, torch.arange(19.0)[:, None].repeat(1, 2))  # positions 0 .. 18
-    assert seq.num_pending == 4  # positions 15 .. 18
+    assert seq.num_pending == 5  # positions 14 .. 18
     assert seq.catch_up() == 5 and seq.restart_if_behind() and seq.offset == 15
     assert seq.num_tokens == 5 and len(seq.all_token_ids) == 5
     assert seq.all_token_ids[0:5] == ids[15:]
@@ -300,6 +301,13 @@ def test_a_windowed_head_starts_over_on_its_window_and_keeps_only_its_features()
     seq.num_real = seq.num_computed_tokens = 5
     ids += [120, 121]
     assert seq.catch_up() == 2 and not seq.restart_if_behind()  # no further behind: no restart
+    # window + 2 behind, the most without a restart: every position it runs over reads the
+    # target's feature (with window + 1 rows kept, the first read a zero).
+    ids += [122, 123, 124]
+    seq.add_features(19, torch.arange(19.0, 24.0)[:, None].repeat(1, 2))
+    assert seq.catch_up() == 5 and not seq.restart_if_behind()
+    assert seq.features(4, 5, 2, torch.float32)[:, 0].tolist() == [19, 20, 21, 22, 23]
+    del ids[-3:]
     ids += list(range(122, 130))
     assert seq.catch_up() == 5 and seq.restart_if_behind() and seq.offset == 25
     assert _fake_seq(ids[:4], window=3).catch_up() == 4  # a short prompt: all of it

@@ -135,6 +135,28 @@ def test_greedy_rows_are_argmax_in_a_mixed_batch():
             assert tokens[row] == logits[row].argmax()
 
 
+def test_a_greedy_requests_filters_do_not_send_the_sampling_rows_through_them(monkeypatch):
+    # A greedy request keeps the model's default top-k / top-p (generation_config.json): they
+    # switched the filters on for every row, a full-vocabulary sort per row per step.
+    import specserve.sample.emit as emit_mod
+    import specserve.sample.sampler as sampler_mod
+
+    seen = []
+    real = sampler_mod.apply_top_k_top_p
+
+    def spy(logits, top_k, top_p):
+        seen.append((top_k, top_p))
+        return real(logits, top_k, top_p)
+
+    monkeypatch.setattr(sampler_mod, "apply_top_k_top_p", spy)
+    params = [SamplingParams(temperature=0, top_k=20, top_p=0.8), SamplingParams(temperature=1)]
+    gens = [None, torch.Generator().manual_seed(1)]
+    emit_mod.emit_tokens(torch.randn(2, 50), params, gens, [0, 0], [[], []], [None, None])
+    emit_mod.emit_tokens(torch.randn(5, 50), params, gens, [3, 0], [[4, 5, 6], []],
+                         [None, None])
+    assert seen and all(k is None and p is None for k, p in seen)
+
+
 def test_all_greedy_batch():
     logits = torch.randn(4, 9)
     tokens = sample(logits, torch.zeros(4), None, None, [None] * 4)

@@ -119,9 +119,29 @@ def test_abort_after_some_output(metrics):
     assert s["vllm:request_generation_tokens_sum{}"] == 3
     assert s["vllm:request_prompt_tokens_sum{}"] == 10
     assert s["vllm:request_queue_time_seconds_count{}"] == 1
-    # Without the time of its last token there is no decode or inference time to observe.
+    # Without the time of its last token there is no decode or inference time to observe;
+    # its prefill ended at its first token, which it had.
     assert s["vllm:request_decode_time_seconds_count{}"] == 0
     assert s["vllm:request_inference_time_seconds_count{}"] == 0
+    assert s["vllm:request_prefill_time_seconds_count{}"] == 1
+    assert s["vllm:request_prefill_time_seconds_sum{}"] == FIRST_TOKEN - SCHEDULED
+
+
+def test_every_bucket_bound_of_vllm_is_exported(metrics):
+    # A query or SLO written for vLLM names its bounds (le="0.04", le="0.2"): each must exist.
+    vllm = {"vllm:time_to_first_token_seconds": (
+                0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+            "vllm:inter_token_latency_seconds": (
+                0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0),
+            "vllm:request_queue_time_seconds": (
+                0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)}
+    s = scrape(metrics)
+    for name, bounds in vllm.items():
+        for b in bounds:
+            assert f"{name}_bucket{{le={float(b)}}}" in s, (name, b)
 
 
 def test_abort_before_any_output(metrics):
@@ -156,19 +176,33 @@ def test_request_params(metrics):
 
 
 def test_iteration_tokens_from_the_engine_s_step_counts(llm):
-    """vLLM's iteration_tokens_total: a histogram of the tokens each engine step computed, from
-    the engine's own counts (a 9-token prefill, then 3 one-token decodes)."""
+    """Tokens per step, from the engine's own counts (a 9-token prefill, then 3 one-token
+    decodes): scheduled (specserve's histogram) and vLLM's iteration_tokens_total, which
+    counts a prompt whole in the step that finished its prefill, cached tokens included."""
     before = dict(llm.get_stats())
     llm.generate([list(range(100, 109))], SamplingParams(temperature=0, max_tokens=4,
                                                          ignore_eos=True))
     stats = llm.get_stats()
-    moved = [a - b for a, b in zip(stats["step_token_counts"], before["step_token_counts"],
-                                   strict=True)]
-    assert moved[0] == 3 and moved[2] == 1 and sum(moved) == 4  # buckets <= 1 and <= 16
+
+    def moved(key):
+        return [a - b for a, b in zip(stats[key], before[key], strict=True)]
+
+    assert moved("step_token_counts")[0] == 3 and moved("step_token_counts")[2] == 1
+    assert moved("iteration_token_counts")[0] == 3 and moved("iteration_token_counts")[2] == 1
+    # A prompt served again from the prefix cache but for its last 4 tokens (two 16-token
+    # blocks cached): 4 tokens scheduled, 36 + 1 in vLLM's count.
+    prompt = list(range(200, 236))
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
+    before = dict(llm.get_stats())
+    llm.generate([prompt], SamplingParams(temperature=0, max_tokens=1))
+    stats = llm.get_stats()
+    assert stats["num_step_tokens"] - before["num_step_tokens"] == 4
+    assert stats["num_iteration_tokens"] - before["num_iteration_tokens"] == 37
     s = scrape(ServerMetrics("m", stats=lambda: stats))
-    assert s["vllm:iteration_tokens_total_count{}"] == sum(stats["step_token_counts"])
-    assert s["vllm:iteration_tokens_total_sum{}"] == stats["num_step_tokens"]
-    assert s["vllm:iteration_tokens_total_bucket{le=1.0}"] == stats["step_token_counts"][0]
+    assert s["vllm:iteration_tokens_total_count{}"] == sum(stats["iteration_token_counts"])
+    assert s["vllm:iteration_tokens_total_sum{}"] == stats["num_iteration_tokens"]
+    assert s["vllm:iteration_tokens_total_bucket{le=1.0}"] == stats["iteration_token_counts"][0]
+    assert s["specserve:step_scheduled_tokens_sum{}"] == stats["num_step_tokens"]
 
 
 def test_cache_config_info():

@@ -500,6 +500,33 @@ def test_an_explicit_draft_pool_is_paid_once_from_the_budget(tmp_path):
     assert proposer.block_manager.num_blocks == pool // (bs * proposer.kv_bytes_per_token)
 
 
+def test_a_fractional_budget_charges_the_drafts_weights_once(tmp_path, monkeypatch):
+    # Memory was measured after the draft loaded (its weights already gone from it), then the
+    # weights were taken from the budget again. Simulated: free memory falls when it loads.
+    import specserve.engine.llm_engine as llm_engine
+    from specserve.engine.model_runner import kv_bytes_per_token
+
+    target = make_tiny_model(tmp_path / "target", seed=2)
+    draft = make_tiny_model(tmp_path / "draft", seed=5)
+    free = {"bytes": 64 << 20}
+    real_build = llm_engine.build_proposer
+
+    def build(*args, **kwargs):
+        proposer = real_build(*args, **kwargs)
+        free["bytes"] -= proposer.weight_bytes
+        return proposer
+
+    monkeypatch.setattr(llm_engine, "_available_memory", lambda device: free["bytes"])
+    monkeypatch.setattr(llm_engine, "build_proposer", build)
+    engine = LLM(str(target), dtype="float32", kv_cache_memory=0.25,
+                 speculative_config={"method": "draft", "model": str(draft)}).engine
+    proposer, bs = engine.proposer, engine.block_manager.block_size
+    per_token = kv_bytes_per_token(engine.model_config, torch.float32) + \
+        proposer.kv_bytes_per_token
+    expected = (int(0.25 * (64 << 20)) - proposer.weight_bytes) // (bs * per_token)
+    assert engine.block_manager.num_blocks == expected
+
+
 @pytest.mark.parametrize(("temperature", "top_k", "top_p", "min_p", "greedy_every"), [
     (0.8, 0, 1.0, 0.0, 0),
     # Filtered: verification must use the same top-k / top-p target as plain sampling; and

@@ -84,11 +84,17 @@ class EngineStats:
     # acceptance stays its own.
     num_jump_forward_tokens: int = 0
     num_jump_forward_accepted: int = 0
-    # Tokens per step (vLLM's iteration_tokens_total): steps per bucket of STEP_TOKEN_BUCKETS
-    # (<= each bound; the last slot counts larger steps), and their sum.
+    # Tokens scheduled per step (prefill chunks, decode tokens, drafts verified): steps per
+    # bucket of STEP_TOKEN_BUCKETS (<= each bound; the last slot counts larger steps), and
+    # their sum.
     step_token_counts: list[int] = field(
         default_factory=lambda: [0] * (len(STEP_TOKEN_BUCKETS) + 1))
     num_step_tokens: int = 0
+    # vLLM's iteration_tokens_total, the same way: per step, the whole prompts whose prefill
+    # it finished (cached tokens included) plus the tokens it emitted.
+    iteration_token_counts: list[int] = field(
+        default_factory=lambda: [0] * (len(STEP_TOKEN_BUCKETS) + 1))
+    num_iteration_tokens: int = 0
 
 
 logger = logging.getLogger("specserve")
@@ -145,6 +151,11 @@ class LLMEngine:
         # kv_cache_memory, and the two pools hold the same number of tokens (the seed's
         # "dual KV cache" cost, made real and reported).
         self.spec_config = SpeculativeConfig.from_dict(config.speculative_config)
+        budget = cache.kv_cache_memory
+        if isinstance(budget, float):
+            # Measured before the draft loads: its weights are charged below, once (measured
+            # after, they were already missing from what was free).
+            budget = int(budget * _available_memory(self.device))
         self.proposer = build_proposer(self.spec_config, config, self.tokenizer, cache.block_size,
                                        self.model.embed_tokens, lm_head_weight, cfg)
         draft_fixed = self.proposer.weight_bytes if self.proposer else 0
@@ -153,9 +164,6 @@ class LLMEngine:
         if explicit is not None:  # the draft pool's own size, paid once, not per target token
             draft_fixed, draft_per_token = draft_fixed + explicit, 0
         token_bytes = kv_bytes_per_token(cfg, kv_dtype)
-        budget = cache.kv_cache_memory
-        if isinstance(budget, float):
-            budget = int(budget * _available_memory(self.device))
         block_bytes = cache.block_size * (token_bytes + draft_per_token)
         if cache.num_blocks is None and budget - draft_fixed < block_bytes:
             what = "weights and KV pool" if explicit is not None else "weights"
@@ -503,6 +511,7 @@ class LLMEngine:
         now = time.perf_counter()
         outputs = []
         row = 0
+        iteration_tokens = 0  # vLLM's count (EngineStats.iteration_token_counts)
         shadow = self.planner.take_shadow() if self.planner else {}
         for (req, k), tokens in zip(sampling, emitted, strict=True):
             # The first unused guess (position k + 1) is checked against the token the target
@@ -527,6 +536,7 @@ class LLMEngine:
             req.last_token_time = now
             if req.first_token_time is None:
                 req.first_token_time = now
+                iteration_tokens += req.num_prompt_tokens
             if req.grammar is not None:
                 if req.jump_forward_tail is not None:
                     self._grammar.observe_tail(req, tokens)
@@ -534,6 +544,7 @@ class LLMEngine:
             num_before = req.num_output_tokens
             self._append_and_check(req, tokens)
             num_new = req.num_output_tokens - num_before
+            iteration_tokens += num_new
             if req.params.logprobs is not None:  # only for the tokens a stop left standing
                 record_logprobs(req, logprob_logits[row:row + num_new], tokens[:num_new],
                                 self._token_text)
@@ -561,6 +572,9 @@ class LLMEngine:
         stats.num_steps += 1
         stats.step_token_counts[bisect.bisect_left(STEP_TOKEN_BUCKETS, num_tokens)] += 1
         stats.num_step_tokens += num_tokens
+        stats.iteration_token_counts[
+            bisect.bisect_left(STEP_TOKEN_BUCKETS, iteration_tokens)] += 1
+        stats.num_iteration_tokens += iteration_tokens
         stats.step_time += time.perf_counter() - t0
         return outputs
 
@@ -700,6 +714,8 @@ class LLMEngine:
             "forward_time_s": s.forward_time,
             "step_time_s": s.step_time,
             "step_token_counts": list(s.step_token_counts),
+            "iteration_token_counts": list(s.iteration_token_counts),
+            "num_iteration_tokens": s.num_iteration_tokens,
             "num_step_tokens": s.num_step_tokens,
             **self.spec_stats(),
         }

@@ -54,9 +54,12 @@ def emit_tokens(
 ) -> list[list[int]]:
     if all(p.is_greedy for p in params):
         return _verify_greedy(argmax(logits).tolist(), num_spec, spec_token_ids)
-    has_top_k = any(p.top_k for p in params)
-    has_top_p = any(p.top_p < 1 for p in params)
-    has_min_p = any(p.min_p > 0 for p in params)
+    # Only the requests that sample switch a filter on: a greedy one keeps the model's default
+    # top-k / top-p (generation_config.json), which would send every row through the sort.
+    sampling = [p for p in params if not p.is_greedy]
+    has_top_k = any(p.top_k for p in sampling)
+    has_top_p = any(p.top_p < 1 for p in sampling)
+    has_min_p = any(p.min_p > 0 for p in sampling)
     if not any(num_spec):
         temperature = torch.tensor([p.temperature for p in params])
         top_k = torch.tensor([p.top_k for p in params]) if has_top_k else None

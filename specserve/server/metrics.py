@@ -36,16 +36,19 @@ from specserve.outputs import RequestOutput
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-# Long tails on purpose: a CPU server under load sees TTFTs of minutes and end-to-end times
-# of many minutes, which bounds of 60 s and 320 s read as "at the top bucket".
-_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0,
-                 80.0, 160.0, 640.0, 2560.0)
-_ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.04, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5, 5.0,
-                10.0, 20.0, 40.0, 80.0)
-# vLLM's buckets for a request's end-to-end time and its phases (queue, prefill, decode,
-# inference).
-_PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                  60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+# vLLM's bounds, every one (a query or SLO copied from a vLLM setup names them: le="0.04"),
+# with finer ones beside them for a fast GPU and the long tails of a loaded CPU.
+_VLLM_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+              7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_VLLM_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+             10.0, 20.0, 40.0, 80.0)
+_VLLM_PHASE = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+               120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+_TTFT_BUCKETS = tuple(sorted({*_VLLM_TTFT, 0.0025, 0.025, 0.05}))
+_ITL_BUCKETS = tuple(sorted({*_VLLM_ITL, 0.001, 0.002, 0.005, 0.02, 0.04}))
+# A request's end-to-end time and its phases (queue, prefill, decode, inference): vLLM's start
+# at 0.3 s, where a GPU's queue and prefill times all fall in the first bucket.
+_PHASE_BUCKETS = tuple(sorted({*_VLLM_PHASE, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.2}))
 _N_BUCKETS = (1, 2, 5, 10, 20)
 # Created at zero, as vLLM does, so that a dashboard sees every reason before it first happens.
 FINISH_REASONS = ("stop", "length", "abort")
@@ -72,9 +75,10 @@ _GAUGES = (
     ("vllm:num_requests_running", "num_running", "Requests in the running batch."),
     ("vllm:num_requests_waiting", "num_waiting", "Requests waiting to be scheduled."),
     ("vllm:kv_cache_usage_perc", "kv_cache_usage", "Fraction of KV-cache blocks in use (0-1)."),
-    # vLLM has no equivalent: the adaptive controller's mean speculation length.
+    # vLLM has no equivalent: the adaptive controller's recent speculation length.
     ("specserve:spec_decode_k_mean", "spec_k_mean",
-     "Mean number of speculative tokens drafted per request per step."),
+     "Mean number of speculative tokens drafted per request per step, over about the last "
+     "100 steps."),
 )
 
 
@@ -115,17 +119,25 @@ class _EngineStatsCollector(Collector):
             yield _chosen_k(stats.get("spec_k_histogram") or {}, stats["spec_k_max"],
                             self._labels)
         if stats.get("step_token_counts"):
-            yield _iteration_tokens(stats["step_token_counts"], stats["num_step_tokens"],
-                                    self._labels)
+            yield _token_histogram("vllm:iteration_tokens_total",
+                                   "Tokens per engine step: the prompts whose prefill it "
+                                   "finished plus the tokens it emitted (vLLM's).",
+                                   stats["iteration_token_counts"],
+                                   stats["num_iteration_tokens"], self._labels)
+            yield _token_histogram("specserve:step_scheduled_tokens",
+                                   "Tokens scheduled per engine step: prefill chunks, decode "
+                                   "tokens and the drafts verified (rejected ones included).",
+                                   stats["step_token_counts"], stats["num_step_tokens"],
+                                   self._labels)
         if self._cache_config is not None:
             yield _cache_config_info(self._cache_config, stats.get("kv_blocks_total"))
 
 
-def _iteration_tokens(counts: list[int], total: int, labels: dict[str, str]) -> Metric:
-    """vLLM's tokens-per-step histogram, from the engine's own bucket counts (STEP_TOKEN_BUCKETS
-    and one slot past the last bound)."""
-    family = HistogramMetricFamily("vllm:iteration_tokens_total",
-                                   "Tokens computed per engine step.", labels=list(labels))
+def _token_histogram(name: str, help_text: str, counts: list[int], total: int,
+                     labels: dict[str, str]) -> Metric:
+    """A tokens-per-step histogram from the engine's own bucket counts (STEP_TOKEN_BUCKETS and
+    one slot past the last bound)."""
+    family = HistogramMetricFamily(name, help_text, labels=list(labels))
     bounds = [floatToGoString(b) for b in STEP_TOKEN_BUCKETS] + ["+Inf"]  # "1.0", as others
     family.add_metric(list(labels.values()), list(zip(bounds, itertools.accumulate(counts),
                                                       strict=True)), sum_value=total)
@@ -304,11 +316,13 @@ class ServerMetrics:
         if m is None or m.scheduled_time is None:
             return
         self._queue.observe(m.scheduled_time - m.arrival_time)
-        # The phases after it end at the last token: an aborted request's output has no time
-        # for it (finished_time stays None).
-        if m.first_token_time is None or m.finished_time is None:
+        if m.first_token_time is None:
             return
         self._prefill.observe(m.first_token_time - m.scheduled_time)
+        # The phases after it end at the last token: an aborted request's output has no time
+        # for it (finished_time stays None).
+        if m.finished_time is None:
+            return
         self._decode.observe(m.finished_time - m.first_token_time)
         if len(out.outputs[0].token_ids) > 1:
             self._tpot.observe((m.finished_time - m.first_token_time)

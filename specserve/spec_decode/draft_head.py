@@ -57,12 +57,15 @@ def draft_tokens(logits: torch.Tensor, params: list, generators: list,
     probs = None
     if need_probs:
         temp = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params])
-        # None skips the filter (top-p sorts the whole vocabulary), as emit.py does.
-        top_k = torch.tensor([p.top_k for p in params]) if any(p.top_k for p in params) else None
+        # None skips the filter (top-p sorts the whole vocabulary), as emit.py does; only the
+        # sampling requests switch one on (a greedy row's guess is its argmax).
+        sampling = [p for p in params if not p.is_greedy]
+        top_k = torch.tensor([p.top_k for p in params]) if any(p.top_k for p in sampling) \
+            else None
         top_p = (torch.tensor([p.top_p for p in params])
-                 if any(p.top_p < 1 for p in params) else None)
+                 if any(p.top_p < 1 for p in sampling) else None)
         min_p = (torch.tensor([p.min_p for p in params])
-                 if any(p.min_p > 0 for p in params) else None)
+                 if any(p.min_p > 0 for p in sampling) else None)
         probs = compute_probs(logits, temp, top_k, top_p, min_p)
         sampled = sample_from_probs(probs, generators)
         tokens = torch.where(torch.tensor([p.is_greedy for p in params]), tokens, sampled)

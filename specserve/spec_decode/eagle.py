@@ -86,7 +86,8 @@ class EagleSeq(ProposerSeq):
         self.num_real = 0
         self.chunks: list[tuple[int, torch.Tensor]] = []  # (first position, [n, hidden])
         self.num_pending = 0  # rows in chunks
-        self.max_pending = MAX_PENDING_FEATURES if window is None else window + 1
+        # The longest catch-up without a restart (window + 2 positions) reads window + 2 rows.
+        self.max_pending = MAX_PENDING_FEATURES if window is None else window + 2
         self.synced = 0  # the proposer's steps up to this one are in chunks (EagleProposer._sync)
 
     @property

@@ -33,6 +33,7 @@ POLICY_NAMES = ("off", "static", "batch-threshold:N", "schedule:B=K,...", "adapt
 # still stop at any EOS, and a long horizon would make any catch-up look free.
 CATCH_UP_HORIZON = 256
 MAX_RATE = 0.99  # a first-guess rate scaled by its evidence stays a probability short of 1
+K_MEAN_DECAY = 0.99  # per planned step: the reported K mean covers about the last 100 steps
 
 
 def parse_schedule(text: str) -> list[tuple[int, int]]:
@@ -64,6 +65,7 @@ class SpecPolicy:
         self.k_max = k_max
         self.acceptance = AcceptanceTracker(k_max)
         self.k_histogram: Counter[int] = Counter()  # chosen K per (request, step)
+        self._recent_k = (0.0, 0.0)  # decayed (sum of chosen K, number of choices)
         self.last_predicted_s: float | None = None
         self.num_predictions = 0
         self.abs_error_s = 0.0  # sum |predicted - actual| step time
@@ -92,6 +94,10 @@ class SpecPolicy:
 
     def record_choice(self, ks: list[int]) -> None:
         self.k_histogram.update(ks)
+        # A recent mean for the gauge (~100 steps): the histogram's is since start, and a
+        # long-running server's barely moves when the load changes what the controller picks.
+        self._recent_k = (K_MEAN_DECAY * self._recent_k[0] + sum(ks),
+                          K_MEAN_DECAY * self._recent_k[1] + len(ks))
 
     def observe_verification(self, req: Request, num_draft: int, num_accepted: int) -> None:
         self.acceptance.observe(req.request_id, num_draft, num_accepted, req.spec_evidence)
@@ -115,13 +121,12 @@ class SpecPolicy:
         self.acceptance.forget(req.request_id)
 
     def stats(self, running: list[Request]) -> dict:
-        total = sum(self.k_histogram.values())
         return {
             "spec_policy": self.name,
             "spec_k_max": self.k_max,
             "spec_k_histogram": dict(sorted(self.k_histogram.items())),
-            "spec_k_mean": sum(k * c for k, c in self.k_histogram.items()) / total if total
-            else 0.0,
+            # over about the last 100 steps (the histogram holds every one)
+            "spec_k_mean": self._recent_k[0] / self._recent_k[1] if self._recent_k[1] else 0.0,
             "spec_global_acceptance": self.acceptance.global_rate,
             # the global rates' weight in a request's estimate, in trials (fixed or measured)
             "spec_prior_weight": self.acceptance.prior_weight,

@@ -201,6 +201,13 @@ def _spaced(text: Any) -> Any:
     return " ".join(text.split()) if isinstance(text, str) else text
 
 
+def _spaced_key(item: PromptItem) -> str:
+    """prompt_key of the item with its whitespace runs made single spaces."""
+    messages = None if item.messages is None else [
+        {**m, "content": _spaced(m.get("content"))} for m in item.messages]
+    return prompt_key(messages, _spaced(item.text), item.token_ids)
+
+
 def unique_prompts(items: Sequence[PromptItem]) -> list[PromptItem]:
     """items without repeats (the first of each prompt is kept, under its kind): a prompts file
     with a line twice, `--workload prose,prose` or json beside json-schema (the same prompts)
@@ -210,9 +217,7 @@ def unique_prompts(items: Sequence[PromptItem]) -> list[PromptItem]:
     seen: set[str] = set()
     out = []
     for item in items:
-        messages = None if item.messages is None else [
-            {**m, "content": _spaced(m.get("content"))} for m in item.messages]
-        key = prompt_key(messages, _spaced(item.text), item.token_ids)
+        key = _spaced_key(item)
         if key not in seen:
             seen.add(key)
             out.append(item)
@@ -243,5 +248,9 @@ def build_data(llm, items: Sequence[PromptItem], cfg: DataConfig = DataConfig(),
     held = generate_samples(llm, held_items, cfg.max_reply_tokens, use_tqdm=use_tqdm)
     if not train or not held:
         raise ValueError("the target gave empty replies to every train or held-out prompt")
-    keys = [prompt_key(p.messages, p.text, p.token_ids) for p in train_items]
+    # Every given prompt the draft saw: a whitespace twin of a train prompt was folded into it
+    # (unique_prompts), and the lab must not time it as unseen.
+    trained = {_spaced_key(p) for p in train_items}
+    keys = list(dict.fromkeys(prompt_key(p.messages, p.text, p.token_ids) for p in items
+                              if _spaced_key(p) in trained))
     return DraftData(train, held, time.perf_counter() - t0, keys)
