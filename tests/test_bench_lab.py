@@ -136,11 +136,12 @@ def test_every_strategy_runs_a_full_batch_before_its_first_timed_point(monkeypat
         return real(engine, workload, concurrency, num_prompts, *args, **kwargs)
 
     monkeypatch.setattr(lab_mod, "run_workload", spy)
-    preset = Preset("t", ("rag", "prose"), (1, 3), num_prompts_override=3, max_tokens_cap=12)
+    preset = Preset("t", ("sql", "prose"), (1, 3), num_prompts_override=3, max_tokens_cap=12)
     lab = run_lab([Strategy("vanilla", {})], preset, {"kv_cache_memory": 64 << 20},
                   isolate=False)
     assert lab.strategies[0]["status"] == "ok"
-    # The untimed batch: 3 requests at once, 8 tokens each, on prose (rag's prompts are long).
+    # The untimed batch: 3 requests at once, 8 tokens each, on prose (sql's prompts hold a
+    # schema: longer).
     assert calls[0] == (3, 3, 8) and len(calls) == 1 + 4
     assert [p["concurrency"] for p in lab.points] == [1, 3, 1, 3]
 

@@ -182,6 +182,34 @@ def test_under_off_the_target_computes_no_features_for_the_head(trained, monkeyp
     assert (True, head.aux_layers) in profiled and head.aux_layers
 
 
+def test_a_preempted_request_keeps_the_features_of_its_tokens(trained):
+    # Readmitted with its prefix cached, a request gets only its tail's features again: the
+    # head restarted on a window of zeros (acceptance fell for the rest of the request).
+    target, outcome = trained
+    prompts = [[(7 * i + j) % 60 + 2 for j in range(40)] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    ref = LLM(str(target), dtype="float32", kv_cache_memory=KV).generate(prompts, params)
+    spec = _spec(target, outcome.path, num_blocks=14)
+    proposer = spec.engine.proposer
+    kept = []
+    preempt = proposer.on_preempted
+
+    def spy(req):
+        preempt(req)
+        seq = proposer.seqs.get(req.request_id)
+        kept.append(0 if seq is None else seq.num_real)
+
+    proposer.on_preempted = spy
+    outs = spec.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
+    stats = spec.get_stats()
+    assert stats["num_preemptions"] > 0 and kept
+    assert min(kept) > spec.engine.block_manager.block_size  # more than a readmission gives
+    # (the head goes on from where it was: the positions it computed, its KV)
+    assert not proposer.seqs and stats["kv_blocks_free"] == stats["kv_blocks_total"]
+    assert proposer.block_manager.num_free_blocks == proposer.block_manager.num_blocks
+
+
 def test_eagle_runs_in_bf16_with_packed_weights(trained):
     """bf16 packs the head's linears for oneDNN (no .weight left): serving must not need it."""
     target, outcome = trained

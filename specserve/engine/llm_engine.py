@@ -439,7 +439,7 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         self.stats.num_preemptions += len(sched.preempted)
         for req in sched.preempted:
-            self._free_spec_state(req)
+            self._free_spec_state(req, preempted=True)
         if not sched.scheduled:
             if on_forward is not None:
                 on_forward()
@@ -664,11 +664,14 @@ class LLMEngine:
                     req.spec_token_ids, req.spec_probs = tokens, None
                     req.spec_from_grammar = True
 
-    def _free_spec_state(self, req: Request) -> None:
+    def _free_spec_state(self, req: Request, preempted: bool = False) -> None:
         req.spec_token_ids, req.spec_probs = [], None
         req.jump_forward_tail = None
         if self.proposer is not None:
-            self.proposer.free(req)
+            if preempted:
+                self.proposer.on_preempted(req)
+            else:
+                self.proposer.free(req)
             if req.is_finished:
                 self.spec_policy.forget(req)
                 self.planner.forget(req.request_id)

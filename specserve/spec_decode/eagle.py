@@ -114,6 +114,11 @@ class EagleSeq(ProposerSeq):
         return True
 
     def add_features(self, first: int, rows: torch.Tensor) -> None:
+        if self.chunks and self.chunks[-1][0] + len(self.chunks[-1][1]) > first:
+            # Rows again for positions it holds (a preempted request's tail, computed again
+            # when it came back): the new ones replace them, counted once.
+            self.chunks = [(s, r[:first - s]) for s, r in self.chunks if s < first]
+            self.num_pending = sum(len(r) for _, r in self.chunks)
         self.chunks.append((first, rows))
         self.num_pending += len(rows)
         excess = self.num_pending - self.max_pending
@@ -318,6 +323,15 @@ class EagleProposer(ModelProposer):
             seq.num_computed_tokens = seq.num_real
         self.time += time.perf_counter() - t0
         return Proposal(proposals, stack_probs(prob_rows, need_probs))
+
+    def on_preempted(self, req: Request) -> None:
+        """Keep what the head computed over req's tokens, which do not change: readmitted with
+        its prefix mostly cached, req gets only its tail's features again, and a head started
+        anew would read zeros over the rest of its window for the rest of the request. Its KV
+        blocks stay held while req waits (the head's own pool: a full one only stops guesses)."""
+        seq = self.seqs.get(req.request_id)
+        if seq is not None:
+            self._sync(seq)  # the steps it has not read may leave the kept ones while it waits
 
     def _new_seq(self, req: Request) -> EagleSeq:
         seq = EagleSeq(req, self.model.context)

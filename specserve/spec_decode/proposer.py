@@ -70,3 +70,8 @@ class Proposer(ABC):
 
     def free(self, req: Request) -> None:  # noqa: B027 (optional hook)
         """The request finished, was aborted or preempted: drop its state."""
+
+    def on_preempted(self, req: Request) -> None:
+        """The request was preempted (it comes back later with the same tokens): free by
+        default; a proposer may keep what its tokens still give it."""
+        self.free(req)
