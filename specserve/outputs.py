@@ -61,6 +61,9 @@ class RequestMetrics:
     # latency, one per step (a step that verified drafts may emit several tokens). A server
     # that holds outputs back (--stream-interval) hands over the gaps of every step it held.
     inter_token_latencies: list[float] = field(default_factory=list)
+    # The step time the latest token carries (vLLM's last_token_ts): a request's decode and
+    # inference end here, not when the step's output loop reached it (finished_time).
+    last_token_time: float | None = None
 
     @property
     def ttft(self) -> float | None:

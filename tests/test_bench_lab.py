@@ -770,8 +770,9 @@ def _baselines_lab(monkeypatch, device: str, num_threads: int | None = None):
 def test_baselines_are_warmed_up_before_they_are_timed(monkeypatch):
     lab, hf, llama, loaded = _baselines_lab(monkeypatch, "cpu")
     assert loaded["hf_device"] == "cpu"
-    # One untimed 2-token generate on one prompt, then per wave the TTFT probe and the run.
-    assert hf.calls[0] == (1, 2) and hf.calls[1:3] == [(2, 1), (2, 3)]
+    # Untimed: a 2-token generate on one prompt and an 8-token one at the highest concurrency
+    # (as the engines run a full batch first); then per wave the TTFT probe and the run.
+    assert hf.calls[:2] == [(1, 2), (2, 8)] and hf.calls[2:4] == [(2, 1), (2, 3)]
     # One untimed completion, then the measured streams.
     assert llama.calls[0] == (False, 8) and all(stream for stream, _ in llama.calls[1:])
     assert [s["status"] for s in lab.strategies] == ["ok", "ok", "ok"]

@@ -118,6 +118,25 @@ def test_max_loras_bounds_the_adapters_of_a_step(tiny, monkeypatch, max_loras):
     assert max(widths) == max_loras  # 2 is reached: the limit, not chance, kept it at 1
 
 
+def test_a_request_held_by_max_loras_lets_the_less_urgent_pass(tiny):
+    # Under priority scheduling a wait stops less urgent requests from passing; one for an
+    # adapter slot would hold them for as long as other adapters run (vLLM skips it).
+    from specserve.engine.request import RequestStatus
+
+    llm = engine(tiny, max_loras=1, scheduling_policy="priority")
+    eng = llm.engine
+    first = eng.add_request(PROMPTS[0], GREEDY, lora_request=tiny["a"], priority=0)
+    eng.step()
+    held = eng.add_request(PROMPTS[1], GREEDY, lora_request=tiny["b"], priority=0)
+    base = eng.add_request(PROMPTS[2], GREEDY, priority=1)
+    eng.step()
+    assert first.status == base.status == RequestStatus.RUNNING
+    assert held.status == RequestStatus.WAITING and eng.scheduler.waiting[0] is held
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert held.output_token_ids == tiny["expected"]["b"][1]
+
+
 def test_lora_batch_adds_each_rows_own_update():
     """LoRABatch against a row-by-row reference: slices, gathered rows, rows of no adapter."""
     from specserve.lora.adapter import LoRAAdapter, LoRALinear

@@ -192,6 +192,9 @@ BAD_REQUESTS = [
     # (the response failed after the whole generation, or cut a stream at its first event).
     pytest.param(CMPL, completion(model="\ud800"), JSON, 400, id="model-a-lone-surrogate"),
     pytest.param(CMPL, completion(prompt="a\udc00b"), JSON, 400, id="prompt-a-lone-surrogate"),
+    # Unescaped, as bytes UTF-8 forbids (json.loads reads them with surrogatepass).
+    pytest.param(CMPL, json.dumps(completion(prompt="a@b")).encode().replace(b"@", b"\xed\xa0\x80"),
+                 JSON, 400, id="prompt-a-raw-surrogate"),
     pytest.param(CHAT, chat(messages=[{"role": "user", "content": "\ud83d"}]), JSON, 400,
                  id="message-a-lone-surrogate"),
     pytest.param("/v1/responses", {"model": NAME, "input": "Hi", "metadata": {"k": "\ud800"}},

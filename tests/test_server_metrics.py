@@ -94,6 +94,20 @@ def test_per_request_histograms_are_observed_once_at_the_finish(metrics):
     assert s["vllm:prompt_tokens_total{}"] == 10  # once per request, not per output
 
 
+def test_decode_ends_at_the_step_of_the_last_token(llm):
+    # finished_time is stamped while the step's outputs are made, after the step's own time
+    # (what its tokens carry): a one-token request had a decode time, vLLM's is 0.
+    metrics = ServerMetrics("m", stats=dict)
+    outs = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=1))
+    m = outs[0].metrics
+    assert m.last_token_time == m.first_token_time and m.finished_time > m.last_token_time
+    metrics.observe(outs[0], True)
+    s = scrape(metrics)
+    assert s["vllm:request_decode_time_seconds_count{}"] == 1
+    assert s["vllm:request_decode_time_seconds_sum{}"] == 0.0
+    assert s["vllm:request_inference_time_seconds_sum{}"] == m.last_token_time - m.scheduled_time
+
+
 def test_token_buckets_follow_max_model_len():
     assert buckets_1_2_5(1000) == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000]
     s = scrape(ServerMetrics("m", stats=dict, max_model_len=2048))

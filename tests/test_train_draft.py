@@ -134,6 +134,9 @@ def test_saved_directory_format(trained):
     # 48 prompts, 8 held out (greedy reply only), 40 trained on with 4 replies each.
     assert (report["held_out_samples"], report["train_samples"]) == (8, 4 * 40)
     assert len(set(report["train_prompt_keys"])) == 40  # what a benchmark must leave out
+    from specserve.train.save import target_fingerprint
+
+    assert report["target_fingerprint"] == target_fingerprint(str(target))  # the lab's check
     assert (out / "tokenizer.json").is_file()
     with pytest.raises(ValueError, match="shares its embedding"):
         load_model(str(out))  # alone, without its target

@@ -2,8 +2,9 @@
 batching, its prompt-lookup assisted generation at concurrency 1, and llama.cpp at concurrency 1
 when `llama-cpp-python` is installed. Each returns run dicts shaped like the lab's own. HF runs
 on the engines' device; llama.cpp runs on the CPU only, so it is skipped beside GPU engines.
-Each is warmed up with one untimed request first, as the engines are, and computes with the
-engines' thread count (engine_threads).
+Each is warmed up first, as the engines are: llama.cpp with one untimed request, HF with one
+at batch 1 and a wave at the lab's highest concurrency (lab.warm_up_batches). They compute with
+the engines' thread count (engine_threads).
 
 Static batching has no closed loop: the prompts run in waves of `concurrency`, each wave
 left-padded and decoding until its longest request is done. A wave's TTFT is measured by a
@@ -48,11 +49,14 @@ def load_hf(model: str | None, dtype: torch.dtype, device: str | torch.device = 
     return load_hf_model(dtype, model, device)
 
 
-def warm_up_hf(model, prompt: list[int], pad_id: int) -> None:
-    """One untimed short generate. The first one pays one-time costs (lazy init, kernels for
-    new shapes): run_hf's first TTFT probe would carry them, and through TPOT = (t - ttft) /
-    steps they would also shrink that wave's TPOT. The engine is warmed up too (lab.warm_up)."""
+def warm_up_hf(model, prompt: list[int], pad_id: int, concurrency: int = 1) -> None:
+    """Untimed short generates, at batch 1 and at `concurrency`. The first of a shape pays
+    one-time costs (lazy init, kernels for new shapes): run_hf's first TTFT probe would carry
+    them, and through TPOT = (t - ttft) / steps they would also shrink that wave's TPOT. The
+    engines are warmed up the same way (lab.warm_up, lab.warm_up_batches)."""
     _generate(model, [prompt], 2, pad_id, None)
+    if concurrency > 1:
+        _generate(model, [prompt] * concurrency, 8, pad_id, None)
 
 
 def _useful_tokens(row: list[int], eos: set[int], limit: int, ignore_eos: bool) -> int:
@@ -228,7 +232,8 @@ def _run_hf_rows(lab: LabRun, preset: Preset, model: str | None, dtype: torch.dt
                  progress: Progress) -> None:
     eos = lab.eos_token_ids
     hf = load_hf(model, dtype, device)
-    warm_up_hf(hf, workloads[0].prompts[0], eos[0] if eos else 0)
+    shortest = min(workloads, key=lambda w: sum(map(len, w.prompts)) / len(w.prompts))
+    warm_up_hf(hf, shortest.prompts[0], eos[0] if eos else 0, max(preset.concurrency))
     weights = sum(p.nbytes for p in hf.parameters())
     for name in ("hf-generate", "hf-prompt-lookup"):
         lab.strategies.append({"name": name, "status": "ok", "target_weight_bytes": weights,

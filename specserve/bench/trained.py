@@ -32,8 +32,9 @@ def cached_path(target: str | None, method: str) -> Path:
 def trained_draft(target: str | None, method: str, minutes: float,
                   num_threads: int | None = None) -> Path | None:
     """The cached draft (`method` "draft" or "eagle") for target, training it first when none is
-    cached and minutes > 0, or when the cached one had an older recipe or a shorter budget than
-    minutes asks for; None when there is none and no budget to train one."""
+    cached and minutes > 0, or when the cached one had an older recipe, a shorter budget than
+    minutes asks for or other weights of the target (save.target_fingerprint); None when there
+    is none fit to use and no budget to train one."""
     from specserve.train.pipeline import RECIPE
 
     path = cached_path(target, method)

@@ -117,7 +117,7 @@ def make_output(req: Request, tokenizer, num_new: int, itl: float | None = None
     metrics = RequestMetrics(req.arrival_time, req.first_token_time, req.finished_time,
                              req.num_cached_tokens, req.num_preemptions,
                              req.num_draft_tokens, req.num_accepted_tokens, req.scheduled_time,
-                             [] if itl is None else [itl])
+                             [] if itl is None else [itl], req.last_token_time)
     delta = req.output_token_ids[-num_new:] if num_new else []
     return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, [completion],
                          finished, metrics, delta_token_ids=delta,

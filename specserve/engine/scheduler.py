@@ -141,17 +141,21 @@ class Scheduler:
         inflight = (self._inflight_prompt_blocks({r.request_id for r, _ in out.scheduled})
                     if self.waiting and bm.enable_prefix_caching else None)
         deferred: list[Request] = []
+        waits_for_prefix: Request | None = None  # the first request deferred for a prefix
         # The adapters in use (by load, not id: a reloaded id is another group of weights).
         adapters = ({id(r.lora) for r in self.running if r.lora is not None}
                     if cfg.max_loras is not None else None)
         try:
             while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
                 req = self.waiting[0]
-                if deferred and self.by_priority and req.priority > deferred[0].priority:
-                    break  # a wait lets no less urgent request pass it
+                if (waits_for_prefix is not None and self.by_priority
+                        and req.priority > waits_for_prefix.priority):
+                    break  # a wait for a shared prefix lets no less urgent request pass it
                 if (adapters is not None and req.lora is not None
                         and id(req.lora) not in adapters and len(adapters) >= cfg.max_loras):
-                    deferred.append(self.waiting.popleft())  # vLLM's max_loras: it waits
+                    # vLLM's max_loras: it waits in its place and the others go on (held,
+                    # the less urgent would wait for as long as other adapters run).
+                    deferred.append(self.waiting.popleft())
                     continue
                 # A preempted request is not held back: passed by others, it would be the
                 # newest (fcfs) or least urgent again, the next victim, and its cached blocks
@@ -159,6 +163,7 @@ class Scheduler:
                 if (inflight and req.status != RequestStatus.PREEMPTED
                         and self._waits_for_inflight(req, inflight)):
                     deferred.append(self.waiting.popleft())
+                    waits_for_prefix = waits_for_prefix or req
                     continue
                 cached = bm.find_cached_prefix(req) if req.num_computed_tokens == 0 else []
                 num_cached = len(cached) * bm.block_size

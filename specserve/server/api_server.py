@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import gc
 import hmac
-import json
 import logging
 import os
 import re
@@ -70,20 +69,20 @@ async def _require_json(request: Request) -> None:
         raise APIError(415, f"Content-Type must be application/json, not {content_type!r}")
 
 
-# A JSON escape of a UTF-16 surrogate: a pair is an emoji (ensure_ascii clients send them so),
-# a lone one a string no tokenizer takes and no UTF-8 response can echo.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+# A UTF-16 surrogate, escaped in JSON (a pair is an emoji: ensure_ascii clients send them so)
+# or as raw UTF-8-style bytes (json.loads decodes bytes with surrogatepass): a lone one is a
+# string no tokenizer takes and no UTF-8 response can echo.
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
 async def _require_unicode(request: Request) -> None:
     """400 for a body holding a lone surrogate (`"\\ud800"`): it reached the tokenizer as a
     TypeError (a 500) or, in an echoed field, failed the response after the whole
-    generation. Only a body with such an escape is parsed a second time here."""
-    body = await request.body()
-    if not _SURROGATE_ESCAPE.search(body):
+    generation. Only a body with a surrogate is looked through (FastAPI has parsed it)."""
+    if not _SURROGATE.search(await request.body()):
         return
     try:
-        data = json.loads(body)
+        data = await request.json()
     except ValueError:
         return  # FastAPI's own parse reports it
     if (where := lone_surrogate_at(data)) is not None:

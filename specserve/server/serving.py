@@ -13,12 +13,12 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import os
 import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -392,7 +392,7 @@ class OpenAIServing:
                 or name in self._loading:
             raise APIError(400, f"The lora adapter '{name}' has already been loaded.",
                            param="lora_name")
-        if not Path(req.lora_path).expanduser().exists():
+        if not os.path.exists(os.path.expanduser(req.lora_path)):  # False for any OSError
             raise APIError(404, f"No adapter found at {req.lora_path!r}.", param="lora_path",
                            code="model_not_found")
         # An id taken before the load is awaited: two loads at once get two ids, and a reload

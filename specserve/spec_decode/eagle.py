@@ -34,7 +34,7 @@ from specserve.spec_decode.proposer import Proposal
 # Target features kept per request until the head reads them (a long prompt arrives in several
 # prefill chunks; a request may go a long stretch without speculating). Older positions are read
 # as zeros. 2048 rows of a 576-wide bf16 model: 2.4 MB per request at most. A head with a context
-# window needs only the last window + 1.
+# window needs only the last window + 2 (its longest catch-up without a restart).
 MAX_PENDING_FEATURES = 2048
 # Steps of at most this many tokens are kept whole, as recent steps (StepFeatures), and a
 # windowed head's requests read their rows from them as views: a window of 64 keeps up to 66
@@ -74,7 +74,7 @@ class EagleSeq(ProposerSeq):
     speculation), it starts over at `offset`, `window` positions before the last one the target
     computed (its position 0 is the request's position `offset` and reads a zero feature, as
     in training). So a catch-up never runs over more than window + 2 positions, and features
-    older than the last window + 1 are never read. The head's context then grows with the
+    older than the last window + 2 are never read. The head's context then grows with the
     reply, as it did in training."""
 
     seed_salt = 0xEA61E
@@ -217,7 +217,7 @@ class EagleProposer(ModelProposer):
         self.kv_bytes_per_token = kv_bytes_per_token(self.model_config, dtype)
         self.kv_cache_memory = kv_cache_memory
         # A windowed head's recent steps (StepFeatures), oldest first: enough for every
-        # request scheduled in each of them to find its last window + 1 positions.
+        # request scheduled in each of them to find its last window + 2 positions.
         window = self.model.context
         self.steps: deque[StepFeatures] | None = (deque(maxlen=window + 2)
                                                   if window is not None else None)

@@ -98,14 +98,14 @@ def _teacher(loaded, model: LlamaModel, dtype: str) -> LlamaModel:
 
 def _report(method: str, loaded, cfg, data_cfg: DataConfig, data: DraftData,
             result: DistillResult | EagleResult, head_size: int, acceptance: list[dict],
-            source: str, t0: float) -> dict:
+            source: str, t0: float, fingerprint: str) -> dict:
     loop = result.loop
     return {
         "method": method,
         "target": loaded.name,
         "target_path": loaded.path,
         "source": source,
-        "target_fingerprint": target_fingerprint(loaded.path),
+        "target_fingerprint": fingerprint,
         "recipe": RECIPE[method],
         "settings": dataclasses.asdict(cfg) | dataclasses.asdict(data_cfg),
         "head_vocab_size": head_size,
@@ -129,6 +129,7 @@ def train_draft(target: str | None, items: Sequence[PromptItem], out: str | Path
                 cfg: DistillConfig, data_cfg: DataConfig | None = None,
                 num_threads: int | None = None, source: str = "") -> TrainOutcome:
     check_draft_dir(Path(out).expanduser(), preflight=True)  # before the run, not after it
+    fingerprint = target_fingerprint(target)  # of the weights the run reads, not later ones
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
     data, loaded, model = _data_and_target(
@@ -138,7 +139,7 @@ def train_draft(target: str | None, items: Sequence[PromptItem], out: str | Path
     with autocast(cfg):
         acceptance = acceptance_report(model, result.draft, result.held_out)
     report = _report("draft", loaded, cfg, data_cfg, data, result, result.draft.head_size,
-                     acceptance, source, t0)
+                     acceptance, source, t0, fingerprint)
     path = save_draft(out, result.draft, loaded.name, model.embed_tokens.weight,
                       loaded.tokenizer, report, calibration_sample(data.train, cfg.seed))
     return TrainOutcome(path, result, acceptance, report)
@@ -164,6 +165,7 @@ def train_eagle_head(target: str | None, items: Sequence[PromptItem], out: str |
                      cfg: EagleConfig, data_cfg: DataConfig | None = None,
                      num_threads: int | None = None, source: str = "") -> TrainOutcome:
     check_draft_dir(Path(out).expanduser(), preflight=True)  # before the run, not after it
+    fingerprint = target_fingerprint(target)  # of the weights the run reads, not later ones
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
     data, loaded, model = _data_and_target(
@@ -174,7 +176,7 @@ def train_eagle_head(target: str | None, items: Sequence[PromptItem], out: str |
     with torch.no_grad(), autocast(cfg):
         acceptance = eagle_report(result.before, agreement(result.head, result.held_out))
     report = _report("eagle", loaded, cfg, data_cfg, data, result, result.head.head_size,
-                     acceptance, source, t0)
+                     acceptance, source, t0, fingerprint)
     report["acceptance_note"] = "teacher-forced first-guess agreement (target features as input)"
     path = save_eagle(out, result.head, loaded.name, loaded.tokenizer, report)
     return TrainOutcome(path, result, acceptance, report)

@@ -62,6 +62,8 @@ def target_fingerprint(target: str | None) -> str:
     from specserve.models.loader import embedded_model_path
 
     path = Path(embedded_model_path() if is_embedded(target) else target).expanduser()
+    if not path.exists():
+        return ""  # loading it fails with the reason
     files = [path] if path.is_file() else sorted(
         f for f in path.iterdir() if f.suffix in (".safetensors", ".gguf", ".bin"))
     digest = hashlib.sha256()
