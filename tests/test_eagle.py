@@ -182,6 +182,34 @@ def test_under_off_the_target_computes_no_features_for_the_head(trained, monkeyp
     assert (True, head.aux_layers) in profiled and head.aux_layers
 
 
+def test_a_long_catch_up_runs_in_chunks_and_guesses_the_same(trained):
+    # Off the CPU kernel (every GPU run) attention materialises its scores: a head's first
+    # catch-up over a long prompt was one forward (~4 GiB of scores at 8k tokens).
+    target, outcome = trained
+    prompts = [[(5 * i + j) % 60 + 2 for i in range(30 + 7 * j)] for j in range(3)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    guesses, runs = {}, []
+    for chunk in (None, 8):
+        spec = _spec(target, outcome.path)
+        proposer = spec.engine.proposer
+        proposer.catch_up_chunk = chunk
+        guesses[chunk] = record_first_guesses(proposer)
+        if chunk:
+            prepare = proposer.runner.prepare
+
+            def record(batch, prepare=prepare):
+                runs.extend(n for _, n in batch)
+                return prepare(batch)
+
+            proposer.runner.prepare = record
+        outs = spec.generate(prompts, params)
+        assert spec.get_stats()["num_draft_tokens"] > 0
+    assert max(runs) == 8
+    assert guesses[8] == guesses[None]  # the same head KV, computed in pieces
+    ref = LLM(str(target), dtype="float32", kv_cache_memory=KV).generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in ref]
+
+
 def test_a_preempted_request_keeps_the_features_of_its_tokens(trained):
     # Readmitted with its prefix cached, a request gets only its tail's features again: the
     # head restarted on a window of zeros (acceptance fell for the rest of the request).

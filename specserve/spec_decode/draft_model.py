@@ -39,12 +39,15 @@ from specserve.models.loader import load_model
 from specserve.quant.swap import apply_quantization, model_nbytes
 from specserve.spec_decode.config import SpeculativeConfig
 from specserve.spec_decode.draft_head import check_head_ids, draft_tokens, reduced_head
-from specserve.spec_decode.model_proposer import ModelProposer, ProposerSeq, stack_probs
+from specserve.spec_decode.model_proposer import (
+    CATCH_UP_CHUNK,
+    ModelProposer,
+    ProposerSeq,
+    stack_probs,
+)
 from specserve.spec_decode.proposer import Proposal
 
 logger = logging.getLogger(__name__)
-
-CATCH_UP_CHUNK = 512  # tokens per catch-up forward off the CPU kernel (the target's prefill chunk)
 
 
 class DraftSeq(ProposerSeq):

@@ -16,6 +16,7 @@ head's KV cache only ever keeps positions built from real features.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 
@@ -28,7 +29,12 @@ from specserve.quant.swap import model_nbytes
 from specserve.spec_decode.draft_head import draft_tokens
 from specserve.spec_decode.eagle_head import aux_feature
 from specserve.spec_decode.eagle_io import load_eagle
-from specserve.spec_decode.model_proposer import ModelProposer, ProposerSeq, stack_probs
+from specserve.spec_decode.model_proposer import (
+    CATCH_UP_CHUNK,
+    ModelProposer,
+    ProposerSeq,
+    stack_probs,
+)
 from specserve.spec_decode.proposer import Proposal
 
 # Target features kept per request until the head reads them (a long prompt arrives in several
@@ -222,6 +228,7 @@ class EagleProposer(ModelProposer):
         self.steps: deque[StepFeatures] | None = (deque(maxlen=window + 2)
                                                   if window is not None else None)
         self.num_steps = 0
+        self.catch_up_chunk: int | None = None  # None: decided by the attention path
 
     def on_target_hidden(self, hidden: torch.Tensor,
                          rows: list[tuple[Request, int, int, int]]) -> None:
@@ -270,19 +277,25 @@ class EagleProposer(ModelProposer):
                 self.block_manager.free(seqs[i])
             seqs[i].spec_token_ids = []
             seqs[i].num_computed_tokens = seqs[i].num_real
-        first_forward = True
+        # A long catch-up (a new prompt, for a head without a window) runs in chunks where
+        # attention materialises its scores, as a draft model's does; a request guesses after
+        # its last chunk.
+        chunk = self.catch_up_chunk or (sys.maxsize if self.runner.use_kernel
+                                        else CATCH_UP_CHUNK)
         while alive:
             batch, feats, batch_ids = [], [], []
             for i in list(alive):
                 seq = seqs[i]
-                n = seq.num_tokens + len(seq.spec_token_ids) - seq.num_computed_tokens
+                behind = seq.num_tokens - seq.num_computed_tokens  # > 0: still catching up
+                n = min(behind, chunk) if behind > 0 else \
+                    seq.num_tokens + len(seq.spec_token_ids) - seq.num_computed_tokens
                 if not self.block_manager.allocate(seq, n):
                     alive.remove(i)  # the head's pool is full: this request guesses no further
                     continue
                 batch.append((seq, n))
                 batch_ids.append(i)
-                if first_forward:  # catch up: position j reads the target's feature j - 1
-                    feats.append(seq.features(seq.num_real - 1, n, width, self.dtype,
+                if behind > 0:  # catch up: position j reads the target's feature j - 1
+                    feats.append(seq.features(seq.num_computed_tokens - 1, n, width, self.dtype,
                                               self.runner.device))
                 else:
                     feats.append(prev[i])
@@ -303,22 +316,27 @@ class EagleProposer(ModelProposer):
             self.last_forwards.append((sum(n for _, n in batch), len(batch),
                                        [(seq.num_computed_tokens, n) for seq, n in batch]))
             for seq, n in batch:
+                real = seq.num_computed_tokens < seq.num_tokens
                 seq.num_computed_tokens += n
-                if first_forward:  # real-feature positions: kept across proposals
+                if real:  # real-feature positions: kept across proposals
                     seq.num_real = seq.num_computed_tokens
                     seq.drop_features_before(seq.num_real - 1)
-            tokens, probs = draft_tokens(logits, [seqs[i].req.params for i in batch_ids],
-                                         [seqs[i].generator for i in batch_ids],
-                                         self.model.head_ids, self.model_config.vocab_size,
-                                         need_probs)
-            for j, (i, token) in enumerate(zip(batch_ids, tokens.tolist(), strict=True)):
-                proposals[i].append(token)
-                seqs[i].spec_token_ids.append(token)
-                prev[i] = out[j:j + 1]
-                if need_probs:
-                    prob_rows[i].append(probs[j])
+            ready = [j for j, (seq, _) in enumerate(batch)
+                     if seq.num_computed_tokens >= seq.num_tokens]
+            guessing = [batch_ids[j] for j in ready]
+            if guessing:
+                tokens, probs = draft_tokens(logits[ready],
+                                             [seqs[i].req.params for i in guessing],
+                                             [seqs[i].generator for i in guessing],
+                                             self.model.head_ids, self.model_config.vocab_size,
+                                             need_probs)
+                for k, (j, i) in enumerate(zip(ready, guessing, strict=True)):
+                    proposals[i].append(tokens[k].item())
+                    seqs[i].spec_token_ids.append(proposals[i][-1])
+                    prev[i] = out[j:j + 1]
+                    if need_probs:
+                        prob_rows[i].append(probs[k])
             alive = [i for i in batch_ids if len(proposals[i]) < num_tokens[i]]
-            first_forward = False
         for seq in seqs.values():  # the chain's KV is rebuilt from real features next time
             seq.num_computed_tokens = seq.num_real
         self.time += time.perf_counter() - t0

@@ -12,6 +12,10 @@ from specserve.engine.model_runner import ModelRunner
 from specserve.engine.request import Request
 from specserve.spec_decode.proposer import Proposer
 
+# Tokens per catch-up forward where attention materialises its scores (every path but the CPU
+# kernel): the target's prefill chunk. One 32k-token forward would need tens of GiB there.
+CATCH_UP_CHUNK = 512
+
 
 class ProposerSeq:
     """The proposer's view of one request: the request's tokens, its own blocks and progress,
