@@ -396,18 +396,27 @@ def test_lab_finds_cached_drafts_and_trains_only_with_a_budget(tmp_path, monkeyp
     assert cached_path(None, "draft") != cached_path(None, "eagle")
 
 
-def test_a_cached_draft_trained_for_less_than_asked_is_trained_again(tmp_path, monkeypatch):
-    from specserve.bench.trained import cached_path, trained_draft
+def _cached_draft(monkeypatch, target: str | None, **report) -> tuple[Path, list[float]]:
+    """A draft cached for target, trained by the current recipe for 2 minutes (plus report's
+    fields), and the budgets of the trainings trained_draft then asks for (none is run)."""
+    from specserve.bench.trained import cached_path
     from specserve.train import pipeline
 
-    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
-    budgets = []
+    budgets: list[float] = []
     monkeypatch.setattr(pipeline, "train_draft",
                         lambda target, items, path, cfg, **kw: budgets.append(cfg.minutes))
-    path = cached_path(None, "draft")
+    path = cached_path(target, "draft")
     path.mkdir(parents=True)
     (path / "training.json").write_text(json.dumps(
-        {"recipe": pipeline.RECIPE["draft"], "settings": {"minutes": 2.0}}))
+        {"recipe": pipeline.RECIPE["draft"], "settings": {"minutes": 2.0}, **report}))
+    return path, budgets
+
+
+def test_a_cached_draft_trained_for_less_than_asked_is_trained_again(tmp_path, monkeypatch):
+    from specserve.bench.trained import trained_draft
+
+    monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path))
+    path, budgets = _cached_draft(monkeypatch, None)
     assert trained_draft(None, "draft", minutes=2.0) == path and budgets == []
     assert trained_draft(None, "draft", minutes=0) == path and budgets == []
     assert trained_draft(None, "draft", minutes=5.0) == path and budgets == [5.0]
@@ -419,20 +428,13 @@ def test_a_cached_draft_for_other_weights_at_the_same_path_is_not_used(tmp_path,
     # failed to load (another embedding) or guessed for weights that are gone.
     from tiny_models import make_tiny_model
 
-    from specserve.bench.trained import cached_path, trained_draft
-    from specserve.train import pipeline
+    from specserve.bench.trained import trained_draft
     from specserve.train.save import target_fingerprint
 
     monkeypatch.setenv("SPECSERVE_CACHE", str(tmp_path / "cache"))
     target = str(make_tiny_model(tmp_path / "t", seed=1))
-    trained = []
-    monkeypatch.setattr(pipeline, "train_draft",
-                        lambda target, items, path, cfg, **kw: trained.append(cfg.minutes))
-    path = cached_path(target, "draft")
-    path.mkdir(parents=True)
-    (path / "training.json").write_text(json.dumps(
-        {"recipe": pipeline.RECIPE["draft"], "settings": {"minutes": 2.0},
-         "target_fingerprint": target_fingerprint(target)}))
+    path, trained = _cached_draft(monkeypatch, target,
+                                  target_fingerprint=target_fingerprint(target))
     assert trained_draft(target, "draft", minutes=0) == path
     make_tiny_model(tmp_path / "t", seed=2)  # the same path, other weights
     assert trained_draft(target, "draft", minutes=0) is None

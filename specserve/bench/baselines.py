@@ -28,6 +28,7 @@ from specserve.bench.lab import (
     Progress,
     RequestRecord,
     latency_figures,
+    shortest_workload,
 )
 from specserve.bench.workloads import CONSTRAINED_WORKLOADS
 
@@ -232,8 +233,8 @@ def _run_hf_rows(lab: LabRun, preset: Preset, model: str | None, dtype: torch.dt
                  progress: Progress) -> None:
     eos = lab.eos_token_ids
     hf = load_hf(model, dtype, device)
-    shortest = min(workloads, key=lambda w: sum(map(len, w.prompts)) / len(w.prompts))
-    warm_up_hf(hf, shortest.prompts[0], eos[0] if eos else 0, max(preset.concurrency))
+    warm_up_hf(hf, shortest_workload(workloads).prompts[0], eos[0] if eos else 0,
+               max(preset.concurrency))
     weights = sum(p.nbytes for p in hf.parameters())
     for name in ("hf-generate", "hf-prompt-lookup"):
         lab.strategies.append({"name": name, "status": "ok", "target_weight_bytes": weights,

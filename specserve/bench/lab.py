@@ -488,6 +488,11 @@ def warm_up(engine: LLMEngine) -> None:
             engine.step()
 
 
+def shortest_workload(workloads: Sequence[PreparedWorkload]) -> PreparedWorkload:
+    """The workload whose prompts are shortest on average: a warm-up's cheapest full batch."""
+    return min(workloads, key=lambda w: sum(map(len, w.prompts)) / len(w.prompts))
+
+
 def warm_up_batches(engine: LLMEngine, workloads: Sequence[PreparedWorkload],
                     concurrency: int) -> None:
     """An untimed closed loop at the lab's highest concurrency (8 tokens a request, the
@@ -496,7 +501,7 @@ def warm_up_batches(engine: LLMEngine, workloads: Sequence[PreparedWorkload],
     forwards anyway; the others paid for theirs in their first timed point."""
     if concurrency <= 1 or not workloads:
         return
-    shortest = min(workloads, key=lambda w: sum(map(len, w.prompts)) / len(w.prompts))
+    shortest = shortest_workload(workloads)
     short = replace(shortest, max_tokens=[min(m, 8) for m in shortest.max_tokens],
                     structured_outputs=None)
     run_workload(engine, short, concurrency, concurrency, ignore_eos=True)

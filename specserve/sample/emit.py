@@ -11,7 +11,7 @@ import torch
 
 from specserve.sample.argmax import argmax
 from specserve.sample.rejection_sampler import PLACEHOLDER_TOKEN_ID, rejection_sample
-from specserve.sample.sampler import compute_probs, sample
+from specserve.sample.sampler import active_filters, compute_probs, sample
 from specserve.sampling_params import SamplingParams
 
 
@@ -54,12 +54,7 @@ def emit_tokens(
 ) -> list[list[int]]:
     if all(p.is_greedy for p in params):
         return _verify_greedy(argmax(logits).tolist(), num_spec, spec_token_ids)
-    # Only the requests that sample switch a filter on: a greedy one keeps the model's default
-    # top-k / top-p (generation_config.json), which would send every row through the sort.
-    sampling = [p for p in params if not p.is_greedy]
-    has_top_k = any(p.top_k for p in sampling)
-    has_top_p = any(p.top_p < 1 for p in sampling)
-    has_min_p = any(p.min_p > 0 for p in sampling)
+    has_top_k, has_top_p, has_min_p = active_filters(params)
     if not any(num_spec):
         temperature = torch.tensor([p.temperature for p in params])
         top_k = torch.tensor([p.top_k for p in params]) if has_top_k else None

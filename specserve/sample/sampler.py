@@ -46,6 +46,15 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None,
     return torch.empty_like(logits).scatter_(-1, sorted_idx, sorted_logits)
 
 
+def active_filters(params) -> tuple[bool, bool, bool]:
+    """Whether any sampling request uses top-k, top-p, min-p: a filter nobody uses is skipped
+    (top-p sorts the whole vocabulary). Only requests that sample count: a greedy one keeps
+    the model's default filters (generation_config.json), and its token is its argmax."""
+    sampling = [p for p in params if not p.is_greedy]
+    return (any(p.top_k for p in sampling), any(p.top_p < 1 for p in sampling),
+            any(p.min_p > 0 for p in sampling))
+
+
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     """min_p: [n] in [0, 1]. A token less likely than min_p times the row's likeliest is set to
     -inf (min_p 0 drops nothing; the likeliest always stays)."""

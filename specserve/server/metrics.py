@@ -321,9 +321,9 @@ class ServerMetrics:
         self._prefill.observe(m.first_token_time - m.scheduled_time)
         # The phases after it end at the last token (the step time it carries, as vLLM's);
         # an aborted request's output has no finish, and they are not observed.
-        last = m.last_token_time if m.last_token_time is not None else m.finished_time
-        if m.finished_time is None or last is None:
+        if m.finished_time is None:
             return
+        last = m.last_token_time if m.last_token_time is not None else m.finished_time
         self._decode.observe(last - m.first_token_time)
         if len(out.outputs[0].token_ids) > 1:
             self._tpot.observe((last - m.first_token_time) / (len(out.outputs[0].token_ids) - 1))

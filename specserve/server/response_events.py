@@ -76,8 +76,9 @@ class ResponseEvents:
     completed (or incomplete). A whole reply is fed once: it ends with the same Response."""
 
     def __init__(self, response_id: str, model: str, req: ResponsesRequest,
-                 cache_block: int | None, count_tokens: Callable[[str], int]):
-        """count_tokens: a text's tokens (for the reasoning's, in usage)."""
+                 cache_block: int | None, count_tokens: Callable[[str], int] | None = None):
+        """count_tokens: a text's tokens, for the reasoning's in usage when finish is not
+        given their count (the server counts them off the event loop: serving.responses)."""
         self.response_id, self.model, self.req = response_id, model, req
         self.cache_block, self.count_tokens = cache_block, count_tokens
         self.created = time.time()

@@ -325,8 +325,7 @@ class OpenAIServing:
         stream = await self._submit(response_id, [prompt_ids], params, 1, req.stream,
                                    chat.priority, lora)
         reader = self._reply_reader(chat, params, reasoning_reader)
-        events = ResponseEvents(response_id, self.served_name(req), req, self._cache_block,
-                                lambda text: len(encode_prompt(self._tokenizer, text, False)))
+        events = ResponseEvents(response_id, self.served_name(req), req, self._cache_block)
 
         async def count(texts: list[str]) -> int:
             # On the worker thread for a long reasoning, as a long prompt is tokenized.

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from specserve.sample.rejection_sampler import sample_from_probs
-from specserve.sample.sampler import compute_probs
+from specserve.sample.sampler import active_filters, compute_probs
 
 
 def check_head_ids(head_ids: torch.Tensor, rows: int, vocab_size: int, where: str) -> None:
@@ -57,15 +57,10 @@ def draft_tokens(logits: torch.Tensor, params: list, generators: list,
     probs = None
     if need_probs:
         temp = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params])
-        # None skips the filter (top-p sorts the whole vocabulary), as emit.py does; only the
-        # sampling requests switch one on (a greedy row's guess is its argmax).
-        sampling = [p for p in params if not p.is_greedy]
-        top_k = torch.tensor([p.top_k for p in params]) if any(p.top_k for p in sampling) \
-            else None
-        top_p = (torch.tensor([p.top_p for p in params])
-                 if any(p.top_p < 1 for p in sampling) else None)
-        min_p = (torch.tensor([p.min_p for p in params])
-                 if any(p.min_p > 0 for p in sampling) else None)
+        has_top_k, has_top_p, has_min_p = active_filters(params)  # as emit.py
+        top_k = torch.tensor([p.top_k for p in params]) if has_top_k else None
+        top_p = torch.tensor([p.top_p for p in params]) if has_top_p else None
+        min_p = torch.tensor([p.min_p for p in params]) if has_min_p else None
         probs = compute_probs(logits, temp, top_k, top_p, min_p)
         sampled = sample_from_probs(probs, generators)
         tokens = torch.where(torch.tensor([p.is_greedy for p in params]), tokens, sampled)

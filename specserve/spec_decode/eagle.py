@@ -330,9 +330,10 @@ class EagleProposer(ModelProposer):
                                              [seqs[i].generator for i in guessing],
                                              self.model.head_ids, self.model_config.vocab_size,
                                              need_probs)
-                for k, (j, i) in enumerate(zip(ready, guessing, strict=True)):
-                    proposals[i].append(tokens[k].item())
-                    seqs[i].spec_token_ids.append(proposals[i][-1])
+                for k, (j, i, token) in enumerate(zip(ready, guessing, tokens.tolist(),
+                                                      strict=True)):
+                    proposals[i].append(token)
+                    seqs[i].spec_token_ids.append(token)
                     prev[i] = out[j:j + 1]
                     if need_probs:
                         prob_rows[i].append(probs[k])

@@ -68,18 +68,21 @@ def generate_data(target: str | None, items: Sequence[PromptItem], data_cfg: Dat
         gc.collect()  # the engine's KV pool is gone before training allocates
 
 
-def _data_and_target(target: str | None, items: Sequence[PromptItem], data_cfg: DataConfig,
-                     cfg: DistillConfig | EagleConfig, num_threads: int | None,
-                     check: Callable[[ModelConfig], None]):
-    """The training data (from the engine, which is gone afterwards, and which runs check on
-    the target's config first), then the target loaded again in fp32: (data, loaded, model),
-    the model being what the draft is built from."""
+def _data_and_target(target: str | None, items: Sequence[PromptItem], out: str | Path,
+                     data_cfg: DataConfig, cfg: DistillConfig | EagleConfig,
+                     num_threads: int | None, check: Callable[[ModelConfig], None]):
+    """--out checked and the target's fingerprint taken (of the weights the run reads, not
+    later ones), before the run; the training data (from the engine, which is gone afterwards,
+    and which runs check on the target's config first), then the target loaded again in fp32:
+    (data, loaded, model, fingerprint), the model being what the draft is built from."""
+    check_draft_dir(Path(out).expanduser(), preflight=True)
+    fingerprint = target_fingerprint(target)
     if num_threads:
         torch.set_num_threads(num_threads)
     data = generate_data(target, items, data_cfg, cfg.seed, num_threads, check,
                          cfg.show_progress)
     loaded = load_model(target)
-    return data, loaded, build_model(loaded.config, loaded.state_dict, torch.float32)
+    return data, loaded, build_model(loaded.config, loaded.state_dict, torch.float32), fingerprint
 
 
 def _teacher(loaded, model: LlamaModel, dtype: str) -> LlamaModel:
@@ -128,12 +131,10 @@ def _report(method: str, loaded, cfg, data_cfg: DataConfig, data: DraftData,
 def train_draft(target: str | None, items: Sequence[PromptItem], out: str | Path,
                 cfg: DistillConfig, data_cfg: DataConfig | None = None,
                 num_threads: int | None = None, source: str = "") -> TrainOutcome:
-    check_draft_dir(Path(out).expanduser(), preflight=True)  # before the run, not after it
-    fingerprint = target_fingerprint(target)  # of the weights the run reads, not later ones
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
-    data, loaded, model = _data_and_target(
-        target, items, data_cfg, cfg, num_threads,
+    data, loaded, model, fingerprint = _data_and_target(
+        target, items, out, data_cfg, cfg, num_threads,
         lambda target_cfg: check_draft_layers(cfg.num_layers, target_cfg.num_layers))
     result = distill(model, data, cfg, _teacher(loaded, model, data_cfg.dtype))
     with autocast(cfg):
@@ -164,12 +165,10 @@ def summary(outcome: TrainOutcome) -> str:
 def train_eagle_head(target: str | None, items: Sequence[PromptItem], out: str | Path,
                      cfg: EagleConfig, data_cfg: DataConfig | None = None,
                      num_threads: int | None = None, source: str = "") -> TrainOutcome:
-    check_draft_dir(Path(out).expanduser(), preflight=True)  # before the run, not after it
-    fingerprint = target_fingerprint(target)  # of the weights the run reads, not later ones
     t0 = time.perf_counter()
     data_cfg = data_cfg or DataConfig()
-    data, loaded, model = _data_and_target(
-        target, items, data_cfg, cfg, num_threads,
+    data, loaded, model, fingerprint = _data_and_target(
+        target, items, out, data_cfg, cfg, num_threads,
         lambda target_cfg: check_feature_layers(cfg.feature_layers or (), target_cfg.num_layers))
     result = train_eagle(model, data.train, data.held_out, cfg,
                          _teacher(loaded, model, data_cfg.dtype))
